@@ -1,0 +1,19 @@
+"""transformer_lab: a small, readable, pure-NumPy transformer for teaching and measuring."""
+from .attention import attention_core, attention_weights, causal_mask
+from .cache import KVCache
+from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
+from .model import (check_params, check_tokens, forward, generate, generate_stream, init_params,
+                    loss, param_shapes, sample_next)
+from .ops import erf, gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
+from .positions import apply_rope, rope_angles, sinusoidal_pe
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config", "TINY", "TINY_GPT2", "gpt2_config", "llama_config",
+    "init_params", "param_shapes", "check_params", "check_tokens", "forward", "loss",
+    "generate", "generate_stream", "sample_next", "KVCache",
+    "attention_core", "attention_weights", "causal_mask",
+    "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
+    "sinusoidal_pe", "rope_angles", "apply_rope",
+]

@@ -1,0 +1,87 @@
+"""Scaled dot-product attention with grouped K/V heads and a causal offset.
+
+One function serves every case the course needs: multi-head (G = H),
+grouped-query (1 < G < H) and multi-query (G = 1) attention, full-sequence
+prefill (offset 0) and cached decode (offset = tokens already in the cache).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .ops import softmax
+
+
+def causal_mask(T, S, offset=0):
+    """Boolean [T, S]: True where query i (at absolute position offset + i) may see key j."""
+    return np.arange(S)[None, :] <= (offset + np.arange(T))[:, None]
+
+
+def _check_shapes(q, k, v, offset, causal):
+    if q.ndim != 4 or k.ndim != 4 or (v is not None and v.ndim != 4):
+        raise ValueError(
+            f"attention_core expects q [B,T,H,D] and k, v [B,S,G,D]; got shapes "
+            f"q {q.shape}, k {k.shape}" + ("" if v is None else f", v {v.shape}"))
+    B, T, H, D = q.shape
+    Bk, S, G, Dk = k.shape
+    if v is not None and k.shape != v.shape:
+        raise ValueError(f"attention_core: k {k.shape} and v {v.shape} must have the same shape")
+    if Bk != B:
+        raise ValueError(f"attention_core: batch mismatch, q has B={B}, k/v have B={Bk}")
+    if Dk != D:
+        raise ValueError(f"attention_core: head_dim mismatch, q has D={D}, k/v have D={Dk}")
+    if H % G:
+        raise ValueError(f"attention_core: H={H} query heads is not a multiple of G={G} K/V heads")
+    if offset < 0:
+        raise ValueError(f"attention_core: offset must be >= 0, got {offset}")
+    if causal and offset + T > S:
+        raise ValueError(
+            f"attention_core: offset + T = {offset} + {T} exceeds S = {S} keys; "
+            f"the last query would need keys that do not exist")
+
+
+def _grouped_weights(q, k, offset, causal, scale):
+    """Softmax weights [B, G, R, T, S]: the R = H // G query heads of a group as extra rows."""
+    B, T, H, D = q.shape
+    _, S, G, _ = k.shape
+    R = H // G
+    # The scale keeps the scores' spread near 1 whatever D is, so softmax does not
+    # saturate; a Python float so that float32 inputs stay float32.
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    qg = (q * scale).reshape(B, T, G, R, D).transpose(0, 2, 3, 1, 4)  # [B, G, R, T, D]
+    qg = qg.reshape(B, G, R * T, D)  # [B, G, R*T, D]
+    kt = k.transpose(0, 2, 3, 1)  # [B, G, D, S]
+    scores = (qg @ kt).reshape(B, G, R, T, S)  # [B, G, R, T, S]
+    if causal:
+        scores = np.where(causal_mask(T, S, offset), scores, -np.inf)
+    return softmax(scores, axis=-1)
+
+
+def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
+    """softmax(q k^T * scale + mask) v, with the heads merged: returns [B, T, H*D].
+
+    q is [B, T, H, D]; k and v are [B, S, G, D], H a multiple of G. Query head h
+    reads K/V group h // (H // G). The R = H // G query heads of a group are
+    stacked as extra query rows, so each group is one matmul against its own K
+    and no K/V is ever copied per query head.
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    offset = int(offset)
+    _check_shapes(q, k, v, offset, causal)
+    B, T, H, D = q.shape
+    S, G = k.shape[1], k.shape[2]
+    R = H // G
+    weights = _grouped_weights(q, k, offset, causal, scale).reshape(B, G, R * T, S)
+    out = (weights @ v.transpose(0, 2, 1, 3)).reshape(B, G, R, T, D)  # [B, G, R, T, D]
+    # Head h = g*R + r, so [B, T, G, R, D] flattens to head 0's D values first.
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H * D)  # [B, T, H*D]
+
+
+def attention_weights(q, k, offset=0, *, causal=True, scale=None):
+    """The softmax weights attention_core uses, [B, H, T, S], for inspection and heatmaps."""
+    q, k = np.asarray(q), np.asarray(k)
+    offset = int(offset)
+    _check_shapes(q, k, None, offset, causal)
+    B, T, H, _ = q.shape
+    return _grouped_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])

@@ -1,0 +1,119 @@
+"""Model configuration: one frozen dataclass that both model families share.
+
+A Llama-style and a GPT-2-style model differ only in a handful of switches
+(norm, MLP, positions, biases, tied head), so the course can move between
+them by changing one config.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+NORMS = ("rms", "layer")
+MLPS = ("swiglu", "gelu", "gelu_tanh")
+POSITIONS = ("rope", "learned", "sinusoidal", "none")
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int
+    d_model: int
+    n_heads: int
+    n_layers: int
+    d_ff: int
+    max_seq: int
+    n_kv_heads: int | None = None  # None means n_heads: plain multi-head attention
+    norm: str = "rms"
+    mlp: str = "swiglu"
+    pos: str = "rope"
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    bias: bool = False
+    tie_embeddings: bool = False
+    dtype: object = np.float32
+
+    def __post_init__(self):
+        # Frozen dataclass: normalise fields through object.__setattr__.
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        for name in ("vocab", "d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "max_seq"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"Config.{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"Config.{name} must be >= 1, got {value}")
+            object.__setattr__(self, name, int(value))
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"Config.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"Config.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+        for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("pos", POSITIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"Config.{name} must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"Config.pos='rope' needs an even head_dim; d_model/n_heads = {self.head_dim}")
+        for name in ("rope_base", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+                raise ValueError(f"Config.{name} must be a number, got {value!r}")
+            if not np.isfinite(value) or value <= 0:
+                raise ValueError(f"Config.{name} must be a positive finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        for name in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            dtype = None
+        if dtype not in DTYPES:
+            raise ValueError(f"Config.dtype must be float32 or float64, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads that share one K/V head (1 = MHA, n_heads = MQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    def replace(self, **changes) -> "Config":
+        """A copy with some fields changed, validated like a new Config."""
+        return dataclasses.replace(self, **changes)
+
+
+# Llama-flavoured and small enough that every demo runs instantly:
+# RMSNorm, SwiGLU, RoPE, and GQA with 2 query heads per K/V head.
+TINY = Config(vocab=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
+              max_seq=64, norm="rms", mlp="swiglu", pos="rope", norm_eps=1e-5,
+              dtype=np.float64)
+
+# The same size in GPT-2 flavour: LayerNorm, exact GELU, learned positions,
+# biases everywhere and the output head tied to the token table.
+TINY_GPT2 = Config(vocab=64, d_model=32, n_heads=4, n_layers=2, d_ff=128, max_seq=64,
+                   norm="layer", mlp="gelu", pos="learned", bias=True,
+                   tie_embeddings=True, dtype=np.float64)
+
+
+def gpt2_config(**fields) -> Config:
+    """A GPT-2-style config; any field can be overridden (e.g. d_model=768)."""
+    base = dict(norm="layer", mlp="gelu", pos="learned", bias=True, tie_embeddings=True)
+    base.update(fields)
+    return Config(**base)
+
+
+def llama_config(**fields) -> Config:
+    """A Llama-style config (RMSNorm, SwiGLU, RoPE, no biases, untied head)."""
+    base = dict(norm="rms", mlp="swiglu", pos="rope", bias=False, tie_embeddings=False)
+    base.update(fields)
+    return Config(**base)
