@@ -1,0 +1,133 @@
+"""What every numbered demo shares: its command line, language choice and JSON output.
+
+A demo module defines NUMBER, TITLE = {"zh": ..., "en": ...}, compute(quick=False)
+returning plain results, and render(result, lang) printing them; its text in
+both languages sits in the demo file itself. run_demo() turns such a module
+into a script, and load_demos() lets run_all.py find them all.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+DEMOS_DIR = Path(__file__).resolve().parent
+ROOT = DEMOS_DIR.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import console  # noqa: E402
+
+LANGS = ("zh", "en")
+LANG_ENV = "TRANSFORMER_LAB_LANG"
+NO_CHINESE_HINT = ("note: this terminal's encoding ({enc}) cannot show Chinese; "
+                   "showing English instead. Use --lang en to choose it explicitly.")
+
+
+class UsageError(Exception):
+    """A bad command-line choice: reported in one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that lists the valid choices, then exit 2."""
+
+    def __init__(self, *args, valid_hint="", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.valid_hint = valid_hint
+
+    def error(self, message):
+        hint = f" ({self.valid_hint})" if self.valid_hint else ""
+        sys.stderr.write(f"{self.prog}: error: {message}{hint}\n")
+        raise SystemExit(2)
+
+
+def resolve_lang(cli_lang: str | None) -> str:
+    """--lang, else TRANSFORMER_LAB_LANG, else Chinese; falls back to English where Chinese cannot print."""
+    lang = cli_lang or os.environ.get(LANG_ENV) or "zh"
+    if lang not in LANGS:
+        source = "--lang" if cli_lang else LANG_ENV
+        raise UsageError(f"invalid language {lang!r} from {source}; choose from: {', '.join(LANGS)}")
+    if lang == "zh" and not console.can_encode("观察：注意力"):
+        enc = getattr(sys.stdout, "encoding", None) or "unknown"
+        sys.stderr.write(NO_CHINESE_HINT.format(enc=enc) + "\n")
+        lang = "en"
+    if not console.can_encode("µ≈√τ→"):
+        # Symbols in the English text must not crash an ASCII terminal either.
+        try:
+            sys.stdout.reconfigure(errors="replace")
+        except (AttributeError, ValueError):
+            pass
+    return lang
+
+
+def to_jsonable(obj):
+    """Plain JSON types from results holding NumPy arrays and scalars; non-finite floats become None."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def demo_parser(prog: str, description: str) -> OneLineParser:
+    parser = OneLineParser(prog=prog, description=description,
+                           valid_hint="valid options: --lang zh|en, --quick, --json, --pause")
+    parser.add_argument("--lang", help="zh (default) or en; also TRANSFORMER_LAB_LANG")
+    parser.add_argument("--quick", action="store_true", help="smaller timing sizes")
+    parser.add_argument("--json", action="store_true", help="print the computed results as JSON")
+    parser.add_argument("--pause", action="store_true", help="wait for Enter between parts")
+    return parser
+
+
+def render_demo(module, result, lang: str):
+    """The demo's header, then its own render step."""
+    console.set_lang(lang)
+    console.print_header(f"{module.NUMBER:02d} · {module.TITLE[lang]}")
+    module.render(result, lang)
+
+
+def run_demo(module, argv=None) -> int:
+    """Run one demo module as a script: parse options, compute, then render or dump JSON."""
+    prog = Path(module.__file__).name
+    parser = demo_parser(prog, module.TITLE["en"])
+    args = parser.parse_args(argv)
+    try:
+        lang = resolve_lang(args.lang)
+    except UsageError as e:
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        return 2
+    console.set_pause(args.pause)
+    result = module.compute(quick=args.quick)
+    if args.json:
+        print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
+    else:
+        render_demo(module, result, lang)
+    return 0
+
+
+def load_demos() -> list:
+    """Every demos/NN_name.py, imported by path and sorted by number."""
+    modules = []
+    for path in sorted(DEMOS_DIR.glob("[0-9][0-9]_*.py")):
+        name = "demo_" + path.stem
+        if name in sys.modules:
+            modules.append(sys.modules[name])
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        modules.append(module)
+    return sorted(modules, key=lambda m: m.NUMBER)

@@ -1,0 +1,24 @@
+"""Load demos by number and render them into a recording console, for the demo tests."""
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "demos"))
+
+import console  # noqa: E402
+from _common import load_demos, render_demo  # noqa: E402
+
+
+def demo(number):
+    for module in load_demos():
+        if module.NUMBER == number:
+            return module
+    raise LookupError(f"no demo {number}")
+
+
+def rendered_text(module, result, lang, width=80):
+    """Everything the demo's render step prints, as plain text at the given width."""
+    console.reset_console(width=width, color_system=None, force_terminal=False,
+                          file=open("/dev/null", "w", encoding="utf-8"))
+    render_demo(module, result, lang)
+    return console.get_console().export_text(clear=False)

@@ -1,0 +1,138 @@
+"""What every demo and run_all.py must do: both languages, JSON, plain piped output, exports, exit codes."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from rich.cells import cell_len
+
+from demo_helpers import ROOT, load_demos, rendered_text
+
+DEMOS = load_demos()
+ANSI = re.compile(r"\x1b\[")
+ENV = {**os.environ, "PYTHONIOENCODING": "utf-8", "COLUMNS": "80"}
+ENV.pop("NO_COLOR", None)
+
+
+def run(*args, env=None, **kwargs):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          encoding="utf-8", env=env or ENV, timeout=300, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def quick_results():
+    return {d.NUMBER: d.compute(quick=True) for d in DEMOS}
+
+
+@pytest.mark.parametrize("demo", DEMOS, ids=lambda d: f"{d.NUMBER:02d}")
+def test_demo_text_exists_in_both_languages(demo):
+    assert set(demo.TITLE) == {"zh", "en"}
+    if hasattr(demo, "TEXT"):
+        assert set(demo.TEXT["zh"]) == set(demo.TEXT["en"])
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+@pytest.mark.parametrize("demo", DEMOS, ids=lambda d: f"{d.NUMBER:02d}")
+def test_demo_renders_within_80_columns(demo, lang, quick_results):
+    text = rendered_text(demo, quick_results[demo.NUMBER], lang)
+    assert demo.TITLE[lang] in text
+    widest = max(cell_len(line) for line in text.splitlines())
+    assert widest <= 80, f"demo {demo.NUMBER} ({lang}) prints a line {widest} cells wide"
+    if lang == "en":  # no untranslated Chinese leaks into the English output
+        assert not re.search(r"[\u4e00-\u9fff]", text), text
+
+
+@pytest.mark.parametrize("demo", DEMOS, ids=lambda d: f"{d.NUMBER:02d}")
+def test_demo_results_are_json(demo, quick_results):
+    from _common import to_jsonable
+    json.dumps(to_jsonable(quick_results[demo.NUMBER]), allow_nan=False)
+
+
+def test_single_demo_runs_as_a_script_and_pipes_plain_text():
+    out = run("demos/01_soft_lookup.py", "--lang", "en")
+    assert out.returncode == 0, out.stderr
+    assert "Observations" in out.stdout and not ANSI.search(out.stdout)
+
+
+def test_run_all_quick_piped_has_no_ansi_in_either_language():
+    for lang in ("zh", "en"):
+        out = run("run_all.py", "--quick", "--lang", lang)
+        assert out.returncode == 0, out.stderr
+        assert not ANSI.search(out.stdout)
+        for demo in DEMOS:
+            assert demo.TITLE[lang] in out.stdout
+
+
+def test_no_color_on_a_forced_terminal_has_no_ansi():
+    env = {**ENV, "NO_COLOR": "1", "FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}
+    out = run("run_all.py", "--quick", "--only", "1", "--lang", "en", env=env)
+    assert out.returncode == 0, out.stderr
+    assert not ANSI.search(out.stdout)
+
+
+def test_run_all_json_parses_and_holds_every_demo():
+    out = run("run_all.py", "--quick", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert sorted(data["demos"]) == [f"{d.NUMBER:02d}" for d in DEMOS]
+    for entry in data["demos"].values():
+        assert entry["result"]
+
+
+@pytest.mark.parametrize("suffix", [".svg", ".html", ".txt"])
+def test_export_writes_a_file(tmp_path, suffix):
+    path = tmp_path / f"slides{suffix}"
+    out = run("run_all.py", "--quick", "--only", "1", "--lang", "en", "--export", str(path))
+    assert out.returncode == 0, out.stderr
+    text = path.read_text(encoding="utf-8")
+    assert "Attention is a soft lookup" in text.replace("&#160;", " ") or suffix != ".txt"
+    assert len(text) > 500
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--bogus"], "valid options"),
+    (["--only", "99"], "valid demos"),
+    (["--only", "x"], "valid demos"),
+    (["--lang", "fr"], "zh, en"),
+    (["--export", "out.pdf"], ".svg"),
+])
+def test_run_all_bad_options_exit_2_with_one_line(args, needle):
+    out = run("run_all.py", *args)
+    assert out.returncode == 2
+    assert needle in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_bad_language_from_the_environment_exits_2():
+    out = run("run_all.py", "--quick", env={**ENV, "TRANSFORMER_LAB_LANG": "de"})
+    assert out.returncode == 2 and "TRANSFORMER_LAB_LANG" in out.stderr
+
+
+def test_demo_script_bad_option_exits_2():
+    out = run("demos/01_soft_lookup.py", "--nope")
+    assert out.returncode == 2 and "valid options" in out.stderr
+
+
+def test_language_from_environment_variable():
+    out = run("demos/01_soft_lookup.py", env={**ENV, "TRANSFORMER_LAB_LANG": "en"})
+    assert out.returncode == 0 and "Observations" in out.stdout
+
+
+def test_non_utf8_terminal_falls_back_to_english_with_a_hint():
+    out = subprocess.run([sys.executable, "run_all.py", "--quick", "--only", "1"], cwd=ROOT,
+                         capture_output=True, env={**ENV, "PYTHONIOENCODING": "ascii"}, timeout=120)
+    assert out.returncode == 0, out.stderr.decode("ascii", "replace")
+    assert b"--lang en" in out.stderr
+    assert b"Attention is a soft lookup" in out.stdout
+
+
+def test_pause_is_ignored_without_a_terminal():
+    out = run("run_all.py", "--quick", "--only", "1", "--pause", "--lang", "en", stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+
+
+def test_readme_quick_start_runs_run_all():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "python run_all.py" in readme
