@@ -74,7 +74,8 @@ class Config:
             dtype = np.dtype(self.dtype)
         except TypeError:
             dtype = None
-        if dtype not in DTYPES:
+        # `is None` first: np.dtype("float64") == None is True, so `None in DTYPES` would pass.
+        if dtype is None or dtype not in DTYPES:
             raise ValueError(f"Config.dtype must be float32 or float64, got {self.dtype!r}")
         object.__setattr__(self, "dtype", dtype)
 
