@@ -71,7 +71,8 @@ class Config:
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))
         try:
-            dtype = np.dtype(self.dtype)
+            # np.dtype(None) means float64; a config should say which float it wants.
+            dtype = None if self.dtype is None else np.dtype(self.dtype)
         except TypeError:
             dtype = None
         # `is None` first: np.dtype("float64") == None is True, so `None in DTYPES` would pass.

@@ -113,8 +113,8 @@ def check_tokens(tokens, cfg: Config, start=0):
                          f"wrap a single sequence as tokens[None, :]")
     if not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
-    if tokens.shape[1] == 0:
-        raise ValueError("tokens must hold at least one position (T >= 1)")
+    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise ValueError(f"tokens must hold at least one sequence and one position, got shape {tokens.shape}")
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= cfg.vocab:
         bad = lo if lo < 0 else hi
@@ -255,9 +255,10 @@ def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
         logits = np.where(logits < kth, -np.inf, logits)
     p = softmax(logits, axis=-1)
     rng = np.random.default_rng() if rng is None else rng
-    # One uniform draw per row, inverted through the cumulative distribution.
+    # One uniform draw per row, inverted through the cumulative distribution; `<=`
+    # skips tokens of probability 0 even when u is exactly 0.
     u = rng.random((p.shape[0], 1))
-    return np.minimum((np.cumsum(p, axis=-1) < u).sum(axis=-1), p.shape[-1] - 1)
+    return np.minimum((np.cumsum(p, axis=-1) <= u).sum(axis=-1), p.shape[-1] - 1)
 
 
 def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False,

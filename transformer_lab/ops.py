@@ -91,5 +91,8 @@ def gelu_tanh(x):
 
 
 def silu(x):
-    """x * sigmoid(x), with sigmoid written via tanh so no exp can overflow."""
-    return x * (0.5 + 0.5 * np.tanh(0.5 * x))
+    """x * sigmoid(x). Only exp(-|x|) is ever taken, so nothing overflows and the
+    negative tail keeps full relative precision."""
+    x = np.asarray(x)
+    e = np.exp(-np.abs(x))
+    return x * np.where(x >= 0, 1.0, e).astype(e.dtype, copy=False) / (1.0 + e)

@@ -1,0 +1,187 @@
+"""positions.py: rope_angles, apply_rope (interleaved pairs) and sinusoidal_pe."""
+import math
+
+import numpy as np
+import pytest
+
+from transformer_lab import apply_rope, rope_angles, sinusoidal_pe
+
+
+def ref_angle(pos, i, dim, base=10000.0):
+    """Angle of channel pair i at position pos: pos * base^(-2i/dim)."""
+    return float(pos) * base ** (-2.0 * i / dim)
+
+
+def ref_rope(x, positions, base=10000.0):
+    """Rotate each interleaved pair (2i, 2i+1) of x [..., T, H, D] with an explicit 2x2 matrix."""
+    x = np.asarray(x, dtype=np.float64)
+    T, H, D = x.shape[-3:]
+    out = np.empty_like(x)
+    for lead in np.ndindex(x.shape[:-3]):
+        for t in range(T):
+            for h in range(H):
+                for i in range(D // 2):
+                    a = ref_angle(positions[t], i, D, base)
+                    rot = np.array([[math.cos(a), -math.sin(a)],
+                                    [math.sin(a), math.cos(a)]])
+                    pair = x[lead + (t, h, slice(2 * i, 2 * i + 2))]
+                    out[lead + (t, h, slice(2 * i, 2 * i + 2))] = rot @ pair
+    return out
+
+
+def rotate_one(vec, pos, base=10000.0):
+    """RoPE-rotate a single head vector [D] at position pos via the library."""
+    cos, sin = rope_angles([pos], vec.shape[0], base)
+    return apply_rope(vec[None, None, :], cos, sin)[0, 0]
+
+
+# ------------------------------------------------------------------ rope_angles
+
+@pytest.mark.parametrize("base", [10000.0, 500000.0, 10.0])
+def test_rope_angles_values_and_shape(base):
+    positions = [3, 4, 5, 17, 1000]
+    D = 8
+    cos, sin = rope_angles(positions, D, base)
+    assert cos.shape == (5, 4) and sin.shape == (5, 4)
+    for t, p in enumerate(positions):
+        for i in range(D // 2):
+            a = ref_angle(p, i, D, base)
+            assert cos[t, i] == pytest.approx(math.cos(a), abs=1e-13)
+            assert sin[t, i] == pytest.approx(math.sin(a), abs=1e-13)
+
+
+def test_rope_angles_default_base_is_10000():
+    c1, s1 = rope_angles([7, 9], 6)
+    c2, s2 = rope_angles([7, 9], 6, 10000.0)
+    np.testing.assert_array_equal(c1, c2)
+    np.testing.assert_array_equal(s1, s2)
+    c3, _ = rope_angles([7, 9], 6, 20000.0)
+    assert not np.allclose(c1, c3)
+
+
+def test_rope_angles_list_or_array_any_start_float64():
+    from_list = rope_angles([10, 11, 12], 4)
+    for positions in (np.array([10, 11, 12]), np.array([10, 11, 12], dtype=np.int32),
+                      np.array([10.0, 11.0, 12.0], dtype=np.float32), range(10, 13)):
+        cos, sin = rope_angles(positions, 4)
+        assert cos.dtype == np.float64 and sin.dtype == np.float64
+        np.testing.assert_array_equal(cos, from_list[0])
+        np.testing.assert_array_equal(sin, from_list[1])
+    # and rows of a longer range starting at 0
+    cos0, sin0 = rope_angles(np.arange(13), 4)
+    np.testing.assert_array_equal(cos0[10:], from_list[0])
+    np.testing.assert_array_equal(sin0[10:], from_list[1])
+
+
+def test_rope_angles_are_float64_precise_at_far_positions():
+    D = 16
+    cos, sin = rope_angles([10005, 30001], D)
+    # pair 0 turns 10005 rad; float32 angles would be off by up to ~1e-3
+    for t, p in enumerate((10005, 30001)):
+        for i in range(D // 2):
+            a = ref_angle(p, i, D)
+            assert cos[t, i] == pytest.approx(math.cos(a), abs=1e-11)
+            assert sin[t, i] == pytest.approx(math.sin(a), abs=1e-11)
+
+
+# ------------------------------------------------------------------ apply_rope
+
+@pytest.mark.parametrize("shape", [(5, 3, 8), (2, 5, 3, 8), (2, 2, 4, 1, 6)])
+def test_apply_rope_matches_rotation_matrices(shape):
+    rng = np.random.default_rng(20)
+    x = rng.normal(size=shape)
+    T, D = shape[-3], shape[-1]
+    positions = list(range(40, 40 + 2 * T, 2))  # need not start at 0 or be contiguous
+    cos, sin = rope_angles(positions, D)
+    got = apply_rope(x, cos, sin)
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, ref_rope(x, positions), rtol=0, atol=1e-13)
+
+
+def test_apply_rope_does_not_modify_input_and_position_zero_is_identity():
+    x = np.random.default_rng(21).normal(size=(1, 4, 2, 6))
+    x_copy = x.copy()
+    cos, sin = rope_angles([0, 1, 2, 3], 6)
+    got = apply_rope(x, cos, sin)
+    np.testing.assert_array_equal(x, x_copy)
+    np.testing.assert_array_equal(got[:, 0], x[:, 0])
+    assert not np.allclose(got[:, 1], x[:, 1])
+
+
+def test_apply_rope_pairs_are_interleaved_not_halves():
+    # With D = 4, a vector with only channel 1 set must rotate into channel 0 (pair (0, 1)),
+    # not into channel 3 (rotate-half layout).
+    x = np.zeros((1, 1, 4))
+    x[0, 0, 1] = 1.0
+    a = 0.7
+    cos = np.array([[math.cos(a), 1.0]])
+    sin = np.array([[math.sin(a), 0.0]])
+    got = apply_rope(x, cos, sin)[0, 0]
+    np.testing.assert_allclose(got, [-math.sin(a), math.cos(a), 0.0, 0.0], atol=1e-15)
+
+
+def test_apply_rope_casts_to_x_dtype():
+    rng = np.random.default_rng(22)
+    x32 = rng.normal(size=(2, 3, 2, 8)).astype(np.float32)
+    cos, sin = rope_angles([5, 6, 7], 8)
+    assert cos.dtype == np.float64
+    got = apply_rope(x32, cos, sin)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ref_rope(x32, [5, 6, 7]), rtol=1e-5, atol=1e-6)
+
+
+def test_apply_rope_custom_base():
+    x = np.random.default_rng(23).normal(size=(3, 1, 4))
+    cos, sin = rope_angles([1, 2, 3], 4, 50.0)
+    np.testing.assert_allclose(apply_rope(x, cos, sin), ref_rope(x, [1, 2, 3], 50.0), atol=1e-13)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    rng = np.random.default_rng(24)
+    D = 16
+    q = rng.normal(size=D)
+    k = rng.normal(size=D)
+
+    def score(m, n):
+        return float(rotate_one(q, m) @ rotate_one(k, n))
+
+    near = score(5, 2)
+    assert score(105, 102) == pytest.approx(near, abs=1e-9)
+    assert score(10005, 10002) == pytest.approx(near, abs=1e-9)
+    assert score(3, 0) == pytest.approx(near, abs=1e-9)
+    # a different distance gives a different score
+    assert abs(score(5, 4) - near) > 1e-3
+    # and the score is not simply the unrotated dot product
+    assert abs(near - float(q @ k)) > 1e-3
+
+
+def test_rope_relative_property_for_many_offsets():
+    rng = np.random.default_rng(25)
+    D = 8
+    q = rng.normal(size=D)
+    k = rng.normal(size=D)
+    for delta in (0, 1, 7, 30):
+        base_score = float(rotate_one(q, delta) @ rotate_one(k, 0))
+        for c in (1, 13, 999, 20000):
+            s = float(rotate_one(q, delta + c) @ rotate_one(k, c))
+            assert s == pytest.approx(base_score, abs=1e-9)
+
+
+# ------------------------------------------------------------------ sinusoidal_pe
+
+@pytest.mark.parametrize("positions", [range(6), [3, 8, 100, 2000]])
+def test_sinusoidal_pe_matches_loop(positions):
+    positions = list(positions)
+    d = 10
+    pe = sinusoidal_pe(positions, d)
+    assert pe.shape == (len(positions), d)
+    for t, p in enumerate(positions):
+        for c in range(d):
+            a = ref_angle(p, c // 2, d)
+            want = math.sin(a) if c % 2 == 0 else math.cos(a)
+            assert pe[t, c] == pytest.approx(want, abs=1e-12)
+
+
+def test_sinusoidal_pe_position_zero():
+    pe = sinusoidal_pe([0], 8)
+    np.testing.assert_array_equal(pe[0], [0, 1, 0, 1, 0, 1, 0, 1])
