@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
@@ -19,7 +21,7 @@ from rich.text import Text
 
 __all__ = [
     "get_console", "reset_console", "set_lang", "get_lang", "print_header", "print_table",
-    "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time", "fmt_float",
+    "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time", "fmt_float", "wrap_text",
     "export", "set_pause", "pause", "can_encode",
 ]
 
@@ -73,6 +75,40 @@ def can_encode(text: str, stream=None) -> bool:
     except (UnicodeEncodeError, LookupError):
         return False
     return True
+
+
+# ---------------------------------------------------------------- line breaking
+
+# rich breaks lines only at spaces, so a long run of Chinese would move down whole
+# and leave a ragged gap. wrap_text also breaks between CJK characters, never
+# before closing punctuation or after opening punctuation.
+_CJK = "\u2e80-\u9fff\uf900-\ufaff\ufe30-\ufe4f\uff00-\uffef\u3000-\u303f\u2014\u2026\u201c\u201d"
+_BREAK_UNITS = re.compile(rf"\s+|[{_CJK}]|[^\s{_CJK}]+")
+_NO_BREAK_BEFORE = set("，。；：、）”」』》！？…—,.;:)!?%")
+_NO_BREAK_AFTER = set("（“「『《(")
+
+
+def wrap_text(text: str, width: int, indent: int = 0) -> list[str]:
+    """Lines of at most `width` cells; lines after the first start with `indent` spaces."""
+    units: list[str] = []
+    glue = False
+    for unit in _BREAK_UNITS.findall(text):
+        if units and not unit.isspace() and not units[-1].isspace() and (glue or unit[0] in _NO_BREAK_BEFORE):
+            units[-1] += unit
+        else:
+            units.append(unit)
+        glue = unit[-1] in _NO_BREAK_AFTER
+    lines, line, room = [], "", width
+    for unit in units:
+        if unit.isspace():
+            line += " " if line else ""
+            continue
+        if line.strip() and cell_len(line) + cell_len(unit) > room:
+            lines.append(line.rstrip())
+            line, room = "", width - indent
+        line += unit
+    lines.append(line.rstrip())
+    return [lines[0]] + [" " * indent + ln for ln in lines[1:]]
 
 
 # ---------------------------------------------------------------- numbers
@@ -152,7 +188,10 @@ def print_section(title: str):
 
 
 def print_text(text: str, style: str | None = None):
-    get_console().print(Text(text, style=style or ""))
+    """A paragraph, wrapped to the terminal with CJK-aware line breaks."""
+    c = get_console()
+    lines = [ln for part in str(text).split("\n") for ln in wrap_text(part, c.width)]
+    c.print(Text("\n".join(lines), style=style or ""))
 
 
 def print_table(headers, rows, title: str | None = None, caption: str | None = None):
@@ -171,12 +210,16 @@ def print_table(headers, rows, title: str | None = None, caption: str | None = N
 
 def print_observations(items, title: str | None = None):
     """Numbered observations in a panel titled 观察 / Observations (by the current language)."""
+    inner = get_console().width - 4  # the panel's borders and padding
     body = Text()
     for i, item in enumerate(items, 1):
         if i > 1:
             body.append("\n")
-        body.append(f"{i}. ", style="bold yellow")
-        body.append(str(item))
+        number = f"{i}. "
+        body.append(number, style="bold yellow")
+        # Wrapped here, with a hanging indent, so rich never has to re-break the line.
+        lines = wrap_text(number + str(item), inner, indent=cell_len(number))
+        body.append("\n".join(lines)[len(number):])
     get_console().print(Panel(body, title=title or OBSERVATIONS_TITLE.get(_lang, "Observations"),
                               title_align="left", border_style="yellow", expand=True))
 
