@@ -202,9 +202,10 @@ def print_table(headers, rows, title: str | None = None, caption: str | None = N
     for i, h in enumerate(headers):
         numeric = bool(rows) and all(isinstance(r[i], (int, float)) or
                                      type(r[i]).__module__ == "numpy" for r in rows)
-        table.add_column(str(h), justify="right" if numeric else "left", overflow="fold")
+        # Text, not str: cells such as "tok_emb[ids]" must not be read as rich markup.
+        table.add_column(Text(str(h)), justify="right" if numeric else "left", overflow="fold")
     for r in rows:
-        table.add_row(*(_cell(v) for v in r))
+        table.add_row(*(Text(_cell(v)) for v in r))
     get_console().print(table)
 
 

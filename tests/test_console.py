@@ -89,3 +89,10 @@ def test_export_rejects_unknown_extension(tmp_path):
     record()
     with pytest.raises(ValueError, match=".svg"):
         console.export(tmp_path / "x.pdf")
+
+
+def test_table_cells_are_plain_text_not_markup():
+    c = record()
+    console.print_table(["[bold]h[/bold]"], [["tok_emb[ids]"], ["[red]x[/red]"]])
+    text = c.export_text()
+    assert "tok_emb[ids]" in text and "[red]x[/red]" in text and "[bold]h[/bold]" in text
