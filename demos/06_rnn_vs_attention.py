@@ -1,0 +1,350 @@
+#!/usr/bin/env python3
+"""Demo 06 — why attention replaced the RNN although it does more arithmetic.
+
+An RNN does 4 d² FLOPs per token but must take its n steps one after another;
+attention's core does 4 n d per token, all positions at once. We count the
+FLOPs, then time the RNN recurrence step by step, the very same FLOPs as one
+matmul, and causal attention, and read off what parallelism is worth. Decoding
+brings the one-step-at-a-time shape back, which makes it memory-bound.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
+from rich.cells import cell_len
+
+from console import fmt_num, fmt_time, print_observations, print_section, print_table, print_text
+from transformer_lab import attention_core
+
+NUMBER = 6
+SEED = 6
+D = 256
+FLOP_NS = (64, 256, 1024, 4096)
+TIME_NS = (256, 1024, 4096)
+QUICK_TIME_NS = (64, 256, 512)
+REPEATS = 3  # best of 3, after one warm-up run
+DTYPE = np.float32
+SIMILAR = 1.1  # two times within 10% of each other are "about the same"
+
+TITLE = {"zh": "RNN 与注意力：FLOPs 与并行", "en": "RNN vs attention: FLOPs and parallelism"}
+TEXT = {
+    "zh": {
+        "flops": "FLOPs（d = {d}）：RNN 每个 token 4d²，注意力核心每个 token 4nd",
+        "n": "n", "rnn": "RNN 4nd²", "core": "核心 4n²d", "proj": "投影 8nd²",
+        "core_over_rnn": "核心÷RNN", "rnn_steps": "RNN 步数", "attn_steps": "注意力步数",
+        "flops_note": "投影（Q、K、V、O 四个 d×d 矩阵）和 RNN 自己的矩阵乘一样按 token 计算，"
+                      "但 n 个 token 可以一次算完。因果掩码只需要 n(n+1)/2 个看得见的打分："
+                      "2n(n+1)d，约为核心的一半。",
+        "timing": "实测时间（float32，batch 1，d = {d}，预热一次后取 {r} 次最好）",
+        "timing_note": "RNN 逐步：h_t = tanh(h_{{t−1}}·W_h + x_t·W_x)，Python 循环，每步两个 "
+                       "[1,d]@[d,d]；同样的 FLOPs 一次算：[h_{{t−1}},x_t] 拼成 [n,2d]，"
+                       "乘 [2d,d]；因果注意力：attention_core，1 个头，head_dim = d。",
+        "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "因果注意力",
+        "loop_over_mm": "逐步÷矩阵乘", "attn_over_loop": "注意力÷逐步",
+        "rates": "GFLOP/s（注意力按 2n(n+1)d 计）",
+        "same_check": "一次矩阵乘算出的隐状态与逐步循环最多差 {err}（同样的算术，只差 "
+                      "float32 舍入）。但它要先知道所有 h_{{t−1}}，而 RNN 恰恰做不到。",
+        "obs_flops": "FLOPs：每个 token，RNN 要 4d²，注意力核心要 4nd，所以核心的计算量是 "
+                     "RNN 的 n/d 倍：n = {n_lo} 时 {r_lo} 倍，n = {n_hi} 时 {r_hi} 倍"
+                     "（d = {d}）。n < d 时注意力核心反而更省。但在 n = {n_hi} 时，RNN 要连续走 "
+                     "{n_hi} 步，注意力只要 1 步。",
+        "obs_loop_slower": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
+                           "一次矩阵乘只要 {t_mm}：逐步慢了 {x:.1f} 倍"
+                           "（{g_loop} 对 {g_mm} GFLOP/s）。每步 [1,d]@[d,d] 太小，喂不饱硬件。",
+        "obs_loop_faster": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
+                           "一次矩阵乘用了 {t_mm}：这台机器上逐步反而快 {x:.1f} 倍"
+                           "（{g_loop} 对 {g_mm} GFLOP/s）。",
+        "obs_loop_same": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
+                         "一次矩阵乘用了 {t_mm}：这台机器上两者差不多"
+                         "（{g_loop} 对 {g_mm} GFLOP/s）。",
+        "obs_attn": "n = {n} 时，因果注意力需要的 FLOPs（n(n+1)/2 个看得见的打分）是 RNN 的 "
+                    "{k:.1f} 倍，用时 {t_att}，逐步的 RNN 用时 {t_loop}：",
+        "attn_faster": "注意力快了 {x:.1f} 倍，因为它的打分都在几次大矩阵乘里算完。",
+        "attn_same": "两者差不多。",
+        "attn_same_per_flop": "两者差不多，所以每个 FLOP 注意力快了 {g:.1f} 倍。",
+        "attn_cheaper": "注意力用时是 RNN 的 {x:.1f} 倍，但每个 FLOP 快了 {g:.1f} 倍，"
+                        "因为它的打分都在几次大矩阵乘里算完。",
+        "attn_slower": "注意力用时是 RNN 的 {x:.1f} 倍：这台机器上，多出来的计算没有被并行赚回来。",
+        "obs_training": "训练时整段序列都已知，所有位置可以同时算。注意力和投影都是几次"
+                        "大矩阵乘，能把所有核都用上。RNN 做不到：h_t 要等 h_{{t−1}}，"
+                        "n = {n} 就是 {n} 个前后依赖的小步，硬件再多也帮不上。GPU "
+                        "的并行单元比这台 CPU 多得多，一个 [1,d] 的小步让大部分单元闲着，"
+                        "差距只会更大。所以即使计算量更大，能并行的注意力还是胜出了。",
+        "obs_decode": "生成时顺序又回来了：第 t+1 个 token 出来之前没法算第 t+2 个，"
+                      "所以解码每步只处理一个 token，和上面的 RNN 一样，是 [1,d] "
+                      "向量乘以每个权重矩阵。每个 float32 权重（{b} 字节）从内存读进来只做 "
+                      "2 次 FLOP：每步读 {kib} KiB 权重、做 {f} FLOPs，只有 {i:g} FLOP/字节；"
+                      "而一次算 n = {n} 个位置的矩阵乘有 {i_mm:.0f} FLOP/字节。"
+                      "解码的速度由内存带宽决定，而不是算力：它是内存受限的。"
+                      "所以推理服务要把很多请求拼成一批，一起解码。",
+    },
+    "en": {
+        "flops": "FLOPs (d = {d}): the RNN does 4d² per token, attention's core 4nd",
+        "n": "n", "rnn": "RNN 4nd²", "core": "core 4n²d", "proj": "proj 8nd²",
+        "core_over_rnn": "core÷RNN", "rnn_steps": "RNN steps", "attn_steps": "attn steps",
+        "flops_note": "The projections (Q, K, V, O: four d×d matrices) are per-token work like "
+                      "the RNN's own matmuls, but all n tokens go through at once. A causal mask "
+                      "needs only the n(n+1)/2 visible scores: 2n(n+1)d, about half the core.",
+        "timing": "Measured (float32, batch 1, d = {d}, best of {r} after one warm-up)",
+        "timing_note": "RNN loop: h_t = tanh(h_{{t−1}}·W_h + x_t·W_x), a Python loop doing two "
+                       "[1,d]@[d,d] per step; same FLOPs as one matmul: the rows "
+                       "[h_{{t−1}},x_t] stacked into [n,2d] times [2d,d]; causal attention: "
+                       "attention_core, 1 head, head_dim = d.",
+        "loop": "RNN loop", "matmul": "1 matmul", "attention": "attention",
+        "loop_over_mm": "loop÷matmul", "attn_over_loop": "attn÷loop",
+        "rates": "GFLOP/s (attention: 2n(n+1)d FLOPs)",
+        "same_check": "The one matmul's hidden states differ from the loop's by at most {err} "
+                      "(the same arithmetic, float32 rounding). But it needs every h_{{t−1}} "
+                      "first, which is exactly what an RNN cannot have.",
+        "obs_flops": "FLOPs: per token the RNN needs 4d² and the attention core 4nd, so "
+                     "the core does n/d times the RNN's work: {r_lo}× at n = {n_lo}, {r_hi}× "
+                     "at n = {n_hi} (d = {d}); below n = d the core is the cheaper one. But at "
+                     "n = {n_hi} the RNN takes {n_hi} steps in a row, attention 1.",
+        "obs_loop_slower": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
+                           "the same FLOPs as one matmul took {t_mm}. Step by step was {x:.1f}× "
+                           "slower ({g_loop} vs {g_mm} GFLOP/s): a [1,d]@[d,d] step is too "
+                           "small to keep the hardware busy.",
+        "obs_loop_faster": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
+                           "the same FLOPs as one matmul took {t_mm}. On this machine step by "
+                           "step was {x:.1f}× faster ({g_loop} vs {g_mm} GFLOP/s).",
+        "obs_loop_same": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
+                         "the same FLOPs as one matmul took {t_mm}. On this machine the two "
+                         "took about as long ({g_loop} vs {g_mm} GFLOP/s).",
+        "obs_attn": "At n = {n} causal attention needs {k:.1f}× the RNN's FLOPs (its "
+                    "n(n+1)/2 visible scores) and took {t_att}, against {t_loop} for the RNN "
+                    "loop: ",
+        "attn_faster": "{x:.1f}× faster, because its scores come out of a few big matmuls.",
+        "attn_same": "about as long.",
+        "attn_same_per_flop": "about as long, so per FLOP attention ran {g:.1f}× faster.",
+        "attn_cheaper": "{x:.1f}× as long, but per FLOP it ran {g:.1f}× faster, because its "
+                        "scores come out of a few big matmuls.",
+        "attn_slower": "{x:.1f}× as long: on this machine the extra work was not paid back by "
+                       "parallelism.",
+        "obs_training": "In training the whole sequence is known, so every position can be "
+                        "computed at once: attention and the projections are a few large "
+                        "matmuls that keep every core busy. An RNN cannot do that: h_t waits for "
+                        "h_{{t−1}}, so n = {n} means {n} dependent small steps however much "
+                        "hardware there is. A GPU has far more parallel units than this CPU and "
+                        "a [1,d] step leaves most of them idle, so there the gap is wider "
+                        "still. That is why attention won, even where it does more FLOPs.",
+        "obs_decode": "Generation brings the sequence back: token t+1 must exist before t+2 "
+                      "can be computed, so decoding handles one token per step, a [1,d] vector "
+                      "times every weight matrix, just like the RNN step. Each float32 weight "
+                      "({b} bytes) is read from memory for 2 FLOPs: {kib} KiB read for {f} "
+                      "FLOPs per step, only {i:g} FLOP/byte, against {i_mm:.0f} FLOP/byte for "
+                      "the one matmul over n = {n} positions. Memory bandwidth, not arithmetic, "
+                      "sets the pace: decode is memory-bound, which is why servers batch many "
+                      "requests into each step.",
+    },
+}
+
+
+# ---------------------------------------------------------------- counting
+
+def flop_counts(n, d=D):
+    """FLOPs (a multiply-add = 2) and sequential steps for one sequence of n tokens."""
+    return {"n": n, "rnn": 4 * n * d * d,  # two [1,d]@[d,d] per step, n steps
+            "attention_core": 4 * n * n * d,  # q k^T and weights @ v, [n, n, d] each
+            "projections": 8 * n * d * d,  # Q, K, V, O: four [n, d]@[d, d]
+            # With a causal mask only the n(n+1)/2 visible (query, key) pairs count, 4d each.
+            "causal_core": 2 * n * (n + 1) * d,
+            "rnn_steps": n, "attention_steps": 1}
+
+
+def matmul_flops(rows, inner, cols):
+    return 2 * rows * inner * cols
+
+
+def decode_intensity(d=D, dtype=DTYPE):
+    """FLOPs per byte of weights read for one RNN (or decode) step: [1, d] times two [d, d]."""
+    itemsize = np.dtype(dtype).itemsize
+    flops = 2 * matmul_flops(1, d, d)
+    weight_bytes = 2 * d * d * itemsize
+    return {"itemsize": itemsize, "flops": flops, "weight_bytes": weight_bytes,
+            "flops_per_byte": flops / weight_bytes}
+
+
+def matmul_intensity(n, d=D, dtype=DTYPE):
+    """FLOPs per byte moved for the one matmul [n,2d] @ [2d,d] -> [n, d] (each array once)."""
+    itemsize = np.dtype(dtype).itemsize
+    moved = (n * 2 * d + 2 * d * d + n * d) * itemsize
+    return matmul_flops(n, 2 * d, d) / moved
+
+
+# ---------------------------------------------------------------- the three computations
+
+def rnn_weights(d=D, seed=SEED):
+    rng = np.random.default_rng(seed)
+    # Variance 1/(2d) per weight keeps the pre-activation near unit scale: tanh is not saturated.
+    w_h = (rng.normal(size=(d, d)) / np.sqrt(2 * d)).astype(DTYPE)
+    w_x = (rng.normal(size=(d, d)) / np.sqrt(2 * d)).astype(DTYPE)
+    return w_h, w_x
+
+
+def rnn_loop(x, w_h, w_x):
+    """h_t = tanh(h_{t-1} W_h + x_t W_x) one step at a time; all states [n, d].
+
+    The loop is the point: step t cannot start before step t-1 has finished.
+    """
+    n, d = x.shape
+    h = np.zeros((1, d), dtype=x.dtype)
+    states = np.empty((n, d), dtype=x.dtype)
+    for t in range(n):
+        h = np.tanh(h @ w_h + x[t:t + 1] @ w_x)  # [1,d]@[d,d], twice
+        states[t] = h[0]
+    return states
+
+
+def one_matmul(rows, w):
+    """tanh([n,2d] @ [2d,d]): the RNN's arithmetic for all n steps in a single call."""
+    return np.tanh(rows @ w)
+
+
+def causal_attention(q, k, v):
+    return attention_core(q, k, v, causal=True)
+
+
+def best_time(fn, repeats=REPEATS, warm_up=True):
+    """Best wall time of `repeats` calls after one warm-up call."""
+    if warm_up:
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure(n, d=D, seed=SEED):
+    rng = np.random.default_rng(seed + n)
+    w_h, w_x = rnn_weights(d, seed)
+    x = rng.normal(size=(n, d)).astype(DTYPE)
+    states = rnn_loop(x, w_h, w_x)
+    # The same arithmetic in one call: row t is [h_{t-1}, x_t], the weights stacked [W_h; W_x].
+    prev = np.vstack([np.zeros((1, d), dtype=DTYPE), states[:-1]])
+    rows = np.hstack([prev, x])  # [n,2d]
+    w = np.vstack([w_h, w_x])  # [2d,d]
+    same_err = float(np.abs(one_matmul(rows, w) - states).max())
+    qkv = rng.normal(size=(3, 1, n, 1, d)).astype(DTYPE)  # [B=1, T=n, 1 head, D=d] each
+
+    t_loop = best_time(lambda: rnn_loop(x, w_h, w_x), warm_up=False)  # `states` warmed it up
+    t_mm = best_time(lambda: one_matmul(rows, w))
+    t_att = best_time(lambda: causal_attention(qkv[0], qkv[1], qkv[2]))
+    counts = flop_counts(n, d)
+    return {"n": n, "loop_s": t_loop, "matmul_s": t_mm, "attention_s": t_att,
+            "step_s": t_loop / n, "same_err": same_err,
+            "rnn_flops": counts["rnn"], "matmul_flops": matmul_flops(n, 2 * d, d),
+            "attention_flops": counts["causal_core"]}
+
+
+def compute(quick=False):
+    ns = QUICK_TIME_NS if quick else TIME_NS
+    return {"d": D, "dtype": np.dtype(DTYPE).name, "repeats": REPEATS,
+            "flops": [flop_counts(n) for n in FLOP_NS],
+            "timings": [measure(n) for n in ns],
+            "decode": decode_intensity(), "matmul_intensity": matmul_intensity(ns[-1])}
+
+
+# ---------------------------------------------------------------- render
+
+def _ratio(x):
+    return f"{x:.1f}×" if x < 100 else f"{x:.0f}×"
+
+
+def _gflops(flops, seconds):
+    rate = flops / seconds / 1e9
+    return f"{rate:.2f}" if rate < 10 else f"{rate:.0f}"
+
+
+def _right(cells, header=""):
+    """Right-align a column of strings under its header (print_table left-aligns text)."""
+    width = max([cell_len(header)] + [len(c) for c in cells])
+    return [c.rjust(width) for c in cells]
+
+
+def observations(result, lang):
+    """The observation sentences, worded from the measured results."""
+    t = TEXT[lang]
+    d = result["d"]
+    lo, hi = result["flops"][0], result["flops"][-1]
+    items = [t["obs_flops"].format(d=d, n_lo=lo["n"], n_hi=hi["n"],
+                                   r_lo=f"{lo['attention_core'] / lo['rnn']:g}",
+                                   r_hi=f"{hi['attention_core'] / hi['rnn']:g}")]
+
+    m = result["timings"][-1]
+    common = dict(n=m["n"], t_loop=fmt_time(m["loop_s"]), t_step=fmt_time(m["step_s"]),
+                  t_mm=fmt_time(m["matmul_s"]), g_loop=_gflops(m["rnn_flops"], m["loop_s"]),
+                  g_mm=_gflops(m["matmul_flops"], m["matmul_s"]))
+    slow = m["loop_s"] / m["matmul_s"]
+    if slow >= SIMILAR:
+        items.append(t["obs_loop_slower"].format(x=slow, **common))
+    elif slow <= 1 / SIMILAR:
+        items.append(t["obs_loop_faster"].format(x=1 / slow, **common))
+    else:
+        items.append(t["obs_loop_same"].format(x=slow, **common))
+
+    k = m["attention_flops"] / m["rnn_flops"]
+    time_ratio = m["attention_s"] / m["loop_s"]
+    per_flop = k / time_ratio  # how much faster attention ran per FLOP than the loop
+    if time_ratio <= 1 / SIMILAR:
+        tail = t["attn_faster"].format(x=1 / time_ratio)
+    elif time_ratio < SIMILAR:
+        tail = (t["attn_same_per_flop"].format(g=per_flop) if per_flop >= SIMILAR
+                else t["attn_same"])
+    elif per_flop >= SIMILAR:
+        tail = t["attn_cheaper"].format(x=time_ratio, g=per_flop)
+    else:
+        tail = t["attn_slower"].format(x=time_ratio)
+    items.append(t["obs_attn"].format(n=m["n"], k=k, t_att=fmt_time(m["attention_s"]),
+                                      t_loop=fmt_time(m["loop_s"])) + tail)
+
+    items.append(t["obs_training"].format(n=m["n"]))
+    dec = result["decode"]
+    items.append(t["obs_decode"].format(b=dec["itemsize"], kib=f"{dec['weight_bytes'] / 1024:g}",
+                                        f=fmt_num(dec["flops"]).strip(), i=dec["flops_per_byte"],
+                                        i_mm=result["matmul_intensity"], n=m["n"]))
+    return items
+
+
+def render(result, lang="zh"):
+    t = TEXT[lang]
+    d = result["d"]
+
+    print_section(t["flops"].format(d=d))
+    fl = result["flops"]
+    heads = [t["n"], t["rnn"], t["core"], t["proj"], t["core_over_rnn"], t["rnn_steps"],
+             t["attn_steps"]]
+    cols = [_right([fmt_num(r[key]) for r in fl], h)
+            for key, h in zip(("rnn", "attention_core", "projections"), heads[1:4])]
+    ratio = _right([f"{r['attention_core'] / r['rnn']:g}×" for r in fl], heads[4])
+    print_table(heads, [[r["n"], cols[0][i], cols[1][i], cols[2][i], ratio[i], r["rnn_steps"],
+                         r["attention_steps"]] for i, r in enumerate(fl)])
+    print_text(t["flops_note"], style="dim")
+
+    print_section(t["timing"].format(d=d, r=result["repeats"]))
+    print_text(t["timing_note"].format(), style="dim")
+    tm = result["timings"]
+    heads = [t["n"], t["loop"], t["matmul"], t["attention"], t["loop_over_mm"], t["attn_over_loop"]]
+    cols = [_right([fmt_time(m[key]) for m in tm], h)
+            for key, h in zip(("loop_s", "matmul_s", "attention_s"), heads[1:4])]
+    cols += [_right([_ratio(m["loop_s"] / m["matmul_s"]) for m in tm], heads[4]),
+             _right([_ratio(m["attention_s"] / m["loop_s"]) for m in tm], heads[5])]
+    print_table(heads, [[m["n"]] + [c[i] for c in cols] for i, m in enumerate(tm)])
+    heads = heads[:4]
+    rates = [_right([_gflops(m[f], m[s]) for m in tm], h)
+             for (f, s), h in zip((("rnn_flops", "loop_s"), ("matmul_flops", "matmul_s"),
+                                   ("attention_flops", "attention_s")), heads[1:])]
+    print_table(heads, [[m["n"]] + [c[i] for c in rates] for i, m in enumerate(tm)],
+                title=t["rates"])
+    print_text(t["same_check"].format(err=f"{max(m['same_err'] for m in tm):.1e}"))
+
+    print_observations(observations(result, lang))
+
+
+if __name__ == "__main__":
+    sys.exit(_common.run_demo(sys.modules[__name__]))
