@@ -58,6 +58,15 @@ def _grouped_weights(q, k, offset, causal, scale):
     return softmax(scores, axis=-1)
 
 
+# Causal blocks of query positions. Aim for ~2 MiB of float32 scores per block
+# (B * H * positions * keys elements), so mask, softmax and PV read them from cache;
+# but at least 128 query rows per K/V group, since short matmuls waste BLAS time,
+# and at most 16 blocks, since every block is a few more multi-threaded BLAS calls.
+_BLOCK_ELEMS = 1 << 19
+_MIN_BLOCK_ROWS = 128
+_MAX_BLOCKS = 16
+
+
 def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     """softmax(q k^T * scale + mask) v, with the heads merged: returns [B, T, H*D].
 
@@ -65,6 +74,13 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     reads K/V group h // (H // G). The R = H // G query heads of a group are
     stacked as extra query rows, so each group is one matmul against its own K
     and no K/V is ever copied per query head.
+
+    With causal=True the queries go in blocks of positions, and a block only
+    multiplies against the keys it can see (up to its last position), so about
+    half the causal score matrix is never computed. The softmax is done in
+    place on each block's scores and normalised after the PV product, on D
+    columns instead of S. A row's result depends only on the keys it may see:
+    masked scores become exact zeros after exp.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     offset = int(offset)
@@ -72,10 +88,44 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
     R = H // G
-    weights = _grouped_weights(q, k, offset, causal, scale).reshape(B, G, R * T, S)
-    out = (weights @ v.transpose(0, 2, 1, 3)).reshape(B, G, R, T, D)  # [B, G, R, T, D]
-    # Head h = g*R + r, so [B, T, G, R, D] flattens to head 0's D values first.
-    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H * D)  # [B, T, H*D]
+    # The scale keeps the scores' spread near 1 whatever D is, so softmax does not
+    # saturate; a Python float so that float32 inputs stay float32.
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    # Scaled queries as [B, G, T*R, D]: row t*R + r is position t, head r of the
+    # group, so a block of positions is a block of rows. One copy, scale included.
+    qg = np.empty((B, G, T, R, D), dtype=np.result_type(q.dtype, scale))
+    np.multiply(q.reshape(B, T, G, R, D).transpose(0, 2, 1, 3, 4), scale, out=qg)
+    qg = qg.reshape(B, G, T * R, D)
+    kt = k.transpose(0, 2, 3, 1)  # [B, G, D, S], a view
+    vg = v.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
+    out = np.empty((B, T, G, R, D), dtype=np.result_type(qg.dtype, k.dtype, v.dtype))
+
+    n = max(1, T)  # query positions per block
+    if causal:
+        n = max(-(-_MIN_BLOCK_ROWS // R), _BLOCK_ELEMS // max(1, B * H * S), -(-T // _MAX_BLOCKS))
+        n = max(1, min(T, n))
+        hidden = ~np.tri(n, dtype=bool)[:, None, :]  # [n, 1, n]: block key j is after query i
+    for t0 in range(0, T, n):
+        t1 = min(T, t0 + n)
+        rows = t1 - t0
+        end = offset + t1 if causal else S  # keys this block can see
+        scores = qg[:, :, t0 * R:t1 * R] @ kt[..., :end]  # [B, G, rows*R, end]
+        if causal and rows > 1:
+            # Only the last `rows` keys are in the causal triangle; earlier ones are all visible.
+            diag = scores.reshape(B, G, rows, R, end)[..., offset + t0:]
+            np.copyto(diag, -np.inf, where=hidden[:rows, :, :rows])
+        m = scores.max(axis=-1, keepdims=True)
+        if not np.isfinite(m).all():
+            m[~np.isfinite(m)] = 0  # a fully masked row: exp(-inf) = 0, not NaN
+        scores -= m
+        np.exp(scores, out=scores)  # unnormalised weights, in place
+        total = scores.sum(axis=-1, keepdims=True)
+        total[total == 0] = 1  # a fully masked row gives zeros
+        o = scores @ vg[:, :, :end]  # [B, G, rows*R, D]
+        o /= total
+        # Head h = g*R + r, so [B, T, G, R, D] flattens to head 0's D values first.
+        out[:, t0:t1] = o.reshape(B, G, rows, R, D).transpose(0, 2, 1, 3, 4)
+    return out.reshape(B, T, H * D)  # [B, T, H*D]
 
 
 def attention_weights(q, k, offset=0, *, causal=True, scale=None):

@@ -1,0 +1,294 @@
+"""The benchmark suite: profiles (full, quick), running every section, targets, JSON."""
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .bench_attention import run_attention
+from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .machine import load_average, machine_info
+from .output import Output
+
+SECTIONS = ("attention", "forward", "decode")
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes and repeat counts of one run; `model` overrides fields of the mid-size config."""
+    name: str
+    attn_sizes: tuple = (128, 512, 2048)
+    attn_groups: tuple = (8, 2)
+    attn_heads: int = 8
+    attn_head_dim: int = 64
+    attn_repeats: int = 7
+    einsum_max_T: int = 2048
+    einsum_repeats: int = 2
+    peak_n: int = 2048
+    peak_repeats: int = 7
+    forward_B: int = 4
+    forward_T: int = 512
+    forward_repeats: int = 5
+    decode_contexts: tuple = (128, 512, 2048)
+    decode_repeats_cached: int = 20
+    decode_repeats_recompute: int = 3
+    model: dict = field(default_factory=dict)
+
+
+FULL = Profile("full")
+QUICK = Profile("quick", attn_sizes=(128, 512), attn_repeats=5, einsum_max_T=128,
+                peak_repeats=5, forward_B=1, forward_T=256, forward_repeats=3,
+                decode_contexts=(128, 256, 512), decode_repeats_cached=10,
+                decode_repeats_recompute=2)
+
+# Targets: attention_core >= 0.8x the batched-matmul formulation at every size and >= 30 %
+# of the matmul peak at T = 2048; forward within 1.3x of PyTorch; cached decode at most
+# linear in the context and >= 10x faster than recomputing at a 2048-token context.
+CORE_VS_BMM_MIN = 0.8
+PEAK_FRACTION_MIN = 0.30
+PEAK_AT_T = 2048
+TORCH_RATIO_MAX = 1.3
+DECODE_SPEEDUP_MIN = 10.0
+DECODE_SPEEDUP_AT = 2048
+LINEARITY_MAX = 1.15
+
+
+def evaluate_targets(results):
+    """One entry per target: what was required, what was measured, met (True/False/None = not run)."""
+    targets = []
+    att = results.get("attention")
+    if att:
+        worst = min(att["rows"], key=lambda r: r["core_vs_bmm"])
+        targets.append({
+            "name": "attention_core vs batched matmul, every size",
+            "target": f">= {CORE_VS_BMM_MIN}x", "measured": worst["core_vs_bmm"],
+            "measured_text": f"worst {worst['core_vs_bmm']:.2f}x (T={worst['T']}, G={worst['G']})",
+            "met": worst["core_vs_bmm"] >= CORE_VS_BMM_MIN})
+        at = [r for r in att["rows"] if r["T"] == PEAK_AT_T]
+        if at:
+            low = min(at, key=lambda r: r["core_fraction_of_peak"])
+            targets.append({
+                "name": f"attention_core at T={PEAK_AT_T} vs float32 matmul peak",
+                "target": f">= {PEAK_FRACTION_MIN:.0%}", "measured": low["core_fraction_of_peak"],
+                "measured_text": f"lowest {low['core_fraction_of_peak']:.0%} (G={low['G']}; "
+                                 f"peak {att['matmul_peak']['gflops']:.1f} GFLOP/s)",
+                "met": low["core_fraction_of_peak"] >= PEAK_FRACTION_MIN})
+        else:
+            targets.append({"name": f"attention_core at T={PEAK_AT_T} vs float32 matmul peak",
+                            "target": f">= {PEAK_FRACTION_MIN:.0%}", "measured": None,
+                            "measured_text": f"T={PEAK_AT_T} not run in this profile", "met": None})
+    fwd = results.get("forward")
+    if fwd:
+        ratio = fwd.get("numpy_over_torch_time")
+        targets.append({
+            "name": "forward time vs PyTorch eager (same weights, same threads)",
+            "target": f"<= {TORCH_RATIO_MAX}x", "measured": ratio,
+            "measured_text": (f"{ratio:.2f}x" if ratio is not None
+                              else f"skipped: {fwd.get('torch_skipped')}"),
+            "met": None if ratio is None else ratio <= TORCH_RATIO_MAX})
+    dec = results.get("decode")
+    if dec:
+        lin = dec.get("linearity")
+        fit = dec.get("fit", {})
+        targets.append({
+            "name": "cached decode grows at most linearly with context",
+            "target": f"largest context <= {LINEARITY_MAX}x the line through the first two",
+            "measured": None if lin is None else lin["ratio"],
+            "measured_text": ("needs 3 contexts" if lin is None else
+                              f"{lin['ratio']:.2f}x the line; fit "
+                              f"{fit.get('slope_ms_per_1k_context', float('nan')):.3f} ms per 1k "
+                              f"tokens + {fit.get('intercept_ms', float('nan')):.2f} ms"),
+            "met": None if lin is None else lin["ratio"] <= LINEARITY_MAX})
+        at = [r for r in dec["rows"] if r["context"] == DECODE_SPEEDUP_AT]
+        targets.append({
+            "name": f"cached decode vs recompute at context {DECODE_SPEEDUP_AT}",
+            "target": f">= {DECODE_SPEEDUP_MIN:.0f}x faster",
+            "measured": at[0]["speedup"] if at else None,
+            "measured_text": (f"{at[0]['speedup']:.1f}x" if at
+                              else f"context {DECODE_SPEEDUP_AT} not run in this profile"),
+            "met": (at[0]["speedup"] >= DECODE_SPEEDUP_MIN) if at else None})
+    return targets
+
+
+def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None, use_torch=True,
+            command=None):
+    """Run the chosen sections of `profile`, print them, write JSON to json_path (None: don't)."""
+    out = out or Output()
+    results = {"schema": 1, "profile": asdict(profile),
+               "command": command or " ".join([Path(sys.executable).name] + sys.argv),
+               "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": machine_info(), "load": {"start": load_average()}}
+    print_machine(out, results["machine"], results["load"]["start"])
+
+    if "attention" in sections:
+        results["attention"] = run_attention(
+            profile.attn_sizes, profile.attn_groups, H=profile.attn_heads, D=profile.attn_head_dim,
+            einsum_max_T=profile.einsum_max_T, repeats=profile.attn_repeats,
+            einsum_repeats=profile.einsum_repeats, peak_n=profile.peak_n,
+            peak_repeats=profile.peak_repeats)
+        results["load"]["after_attention"] = load_average()
+        print_attention(out, results["attention"])
+
+    cfg = params = None
+    if "forward" in sections or "decode" in sections:
+        cfg = mid_config(**profile.model)
+        params = make_params(cfg)
+    if "decode" in sections:
+        # Decode runs before forward so that its peak RSS is not the big batch's.
+        results["decode"] = run_decode(cfg, params, contexts=profile.decode_contexts,
+                                       repeats_cached=profile.decode_repeats_cached,
+                                       repeats_recompute=profile.decode_repeats_recompute)
+        results["memory"] = memory_report(cfg, results["decode"])
+        results["load"]["after_decode"] = load_average()
+        print_decode(out, results["decode"])
+        print_memory(out, results["memory"])
+    if "forward" in sections:
+        results["forward"] = run_forward(cfg, params, B=profile.forward_B, T=profile.forward_T,
+                                         repeats=profile.forward_repeats, use_torch=use_torch)
+        results["load"]["after_forward"] = load_average()
+        print_forward(out, results["forward"])
+
+    results["targets"] = evaluate_targets(results)
+    results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    print_targets(out, results["targets"])
+    out.observations([f"Load {stage.replace('_', ' ')}: {_load_text(load)}"
+                      for stage, load in results["load"].items()]
+                     + ["Other work on the machine slows multi-threaded BLAS calls far more than "
+                        "its share of the CPU; compare figures from quiet runs."])
+    if json_path is not None:
+        json_path = Path(json_path)
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(_plain(results), indent=2) + "\n", encoding="utf-8")
+        out.note(f"Figures written to {json_path}")
+    return results
+
+
+def _plain(obj):
+    """NumPy scalars and tuples to JSON-ready Python values."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+# ---------------------------------------------------------------- printing
+
+def print_machine(out, m, load=None):
+    out.header("Machine")
+    blas = m.get("blas", {})
+    rows = [["CPU", m["cpu_model"]],
+            ["cores (usable / logical)", f"{m['usable_cores']} / {m['logical_cpus']}"],
+            ["Python / NumPy", f"{m['python']} / {m['numpy']}"],
+            ["BLAS", " ".join(str(x) for x in (blas.get("name"), blas.get("version")) if x) or "?"],
+            ["BLAS threads", f"{m['blas_threads']} ({m['blas_threads_source']})"]]
+    if m.get("openblas_runtime", {}).get("core_type"):
+        rows.append(["OpenBLAS core type", m["openblas_runtime"]["core_type"]])
+    if m.get("blas_env"):
+        rows.append(["BLAS env", ", ".join(f"{k}={v}" for k, v in m["blas_env"].items())])
+    rows.append(["PyTorch", m.get("torch") or "not installed"])
+    if load:
+        rows.append(["load at start", _load_text(load)])
+    out.table(["", "value"], rows)
+
+
+def _load_text(load):
+    parts = []
+    if "loadavg_1min" in load:
+        parts.append(f"1-min load average {load['loadavg_1min']:.2f}")
+    if "cpu_pressure_avg10_pct" in load:
+        parts.append(f"CPU pressure {load['cpu_pressure_avg10_pct']:.0f}%")
+    return ", ".join(parts) or "?"
+
+
+def print_attention(out, a):
+    peak = a["matmul_peak"]
+    out.header(f"attention_core throughput ({a['dtype']}, B={a['B']}, H={a['H']}, D={a['D']}, causal)")
+    rows = []
+    for r in a["rows"]:
+        e = r["einsum"]
+        rows.append([r["T"], r["G"], out.num(r["attention_core"]["gflops"]),
+                     out.num(r["bmm"]["gflops"]), "-" if e is None else out.num(e["gflops"]),
+                     f"{r['core_vs_bmm']:.2f}x", f"{r['core_fraction_of_peak']:.0%}",
+                     out.time(r["attention_core"]["best_s"])])
+    out.table(["T", "G", "attention_core GFLOP/s", "batched matmul GFLOP/s", "einsum GFLOP/s",
+               "core / bmm", "core / peak", "core time"], rows,
+              caption=f"FLOPs = {a['flop_convention']} float32 matmul peak "
+                      f"({peak['n']}x{peak['n']}, this run): {peak['gflops']:.1f} GFLOP/s. "
+                      f"Timing: {a['timing']}.")
+    big = max(r["T"] for r in a["rows"])
+    out.observations(
+        [f"Counting only the visible (causal) pairs, attention_core at T={r['T']}, G={r['G']} "
+         f"does {r['core_causal_gflops']:.1f} GFLOP/s ({r['core_causal_fraction_of_peak']:.0%} of "
+         f"peak): it skips the masked half, which the convention above still counts."
+         for r in a["rows"] if r["T"] == big])
+
+
+def print_forward(out, f):
+    c = f["config"]
+    out.header(f"Forward throughput (B={f['B']}, T={f['T']}, float32)")
+    rows = [["transformer_lab (NumPy)", out.time(f["numpy"]["best_s"]),
+             out.num(f["numpy"]["tokens_per_s"]), "1.00x"]]
+    if f.get("torch"):
+        t = f["torch"]
+        rows.append([f"PyTorch {t['version']} eager, {t['threads']} threads", out.time(t["best_s"]),
+                     out.num(t["tokens_per_s"]), f"{f['numpy_over_torch_time']:.2f}x"])
+    out.table(["implementation", "time", "tokens/s", "NumPy time / this"], rows,
+              caption=_config_text(c) + f" BLAS threads {f['blas_threads']}. Timing: {f['timing']}.")
+    if f.get("torch"):
+        t = f["torch"]
+        out.observations([f"Logits agree with PyTorch: {t['logits_agree']} (max |diff| "
+                          f"{t['logits_max_abs_diff']:.2e}, max |logit| {t['logits_max_abs']:.2e})"])
+    else:
+        out.observations([f"PyTorch row skipped: {f['torch_skipped']}."])
+
+
+def _config_text(c):
+    return (f"Config: d={c['d_model']}, {c['n_heads']} heads, {c['n_kv_heads']} KV heads, "
+            f"{c['n_layers']} layers, d_ff={c['d_ff']}, vocab={c['vocab']}, SwiGLU, RoPE, RMSNorm, "
+            f"{c['params'] / 1e6:.1f} M params.")
+
+
+def print_decode(out, d):
+    out.header("KV-cache decode (B=1, ms per generated token)")
+    rows = [[r["context"], f"{r['cached_ms']:.2f}", f"{r['recompute_ms']:.1f}", f"{r['speedup']:.1f}x"]
+            for r in d["rows"]]
+    caption = _config_text(d["config"]) + f" Timing: {d['timing']}."
+    out.table(["context", "cached ms/token", "recompute ms/token", "speedup"], rows, caption=caption)
+    notes = []
+    if "fit" in d:
+        notes.append(f"Cached time ≈ {d['fit']['intercept_ms']:.2f} ms + "
+                     f"{d['fit']['slope_ms_per_1k_context']:.3f} ms per 1k tokens of context "
+                     f"(np.polyfit, degree 1).")
+    if "linearity" in d:
+        lin = d["linearity"]
+        notes.append(f"At the largest context: {lin['measured_ms_at_largest']:.2f} ms measured vs "
+                     f"{lin['predicted_ms_at_largest']:.2f} ms on the line through the first two "
+                     f"contexts ({lin['ratio']:.2f}x).")
+    out.observations(notes)
+
+
+def print_memory(out, m):
+    out.header("Memory")
+    rows = [["KV cache per token", f"{m['kv_bytes_per_token']:,} B  ({m['formula']})"]]
+    for context, nbytes in m.get("kv_bytes_at_context", {}).items():
+        rows.append([f"KV cache at context {context}", f"{nbytes / 2**20:.2f} MiB"])
+    rows.append(["parameters", f"{m['params_bytes'] / 2**20:.1f} MiB"])
+    if "peak_rss_bytes_decode" in m:
+        rows.append(["peak RSS before decode", f"{m['peak_rss_bytes_before_decode'] / 2**20:.0f} MiB"])
+        rows.append(["peak RSS after decode", f"{m['peak_rss_bytes_decode'] / 2**20:.0f} MiB"])
+    out.table(["quantity", "value"], rows, caption=m.get("peak_rss_note"))
+
+
+def print_targets(out, targets):
+    out.header("Targets")
+    verdict = {True: "met", False: "MISSED", None: "not run"}
+    out.table(["target", "required", "measured", "verdict"],
+              [[t["name"], t["target"], t["measured_text"], verdict[t["met"]]] for t in targets])

@@ -1,0 +1,140 @@
+"""The benchmark suite runs end to end at tiny sizes and writes the expected JSON.
+
+Correctness only: no timing is asserted. The hand-written formulations the
+benchmark times beside attention_core must compute the same attention.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import QUICK, evaluate_targets, run_all
+from benchmarks.__main__ import parse_args
+from benchmarks.bench_attention import (attention_bmm, attention_einsum, attention_flops,
+                                        causal_flops, make_qkv, run_attention)
+from benchmarks.bench_model import memory_report, mid_config, run_decode, run_forward
+from benchmarks.output import Output
+from transformer_lab import attention_core
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Tiny sizes: a small model, short sequences, one timed repeat each.
+TINY = replace(QUICK, name="tiny", attn_sizes=(16, 40), attn_groups=(4, 1), attn_heads=4,
+               attn_head_dim=8, attn_repeats=1, einsum_max_T=16, einsum_repeats=1, peak_n=64,
+               peak_repeats=1, forward_B=2, forward_T=12, forward_repeats=1,
+               decode_contexts=(4, 8, 16), decode_repeats_cached=1, decode_repeats_recompute=1,
+               model=dict(vocab=96, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
+                          max_seq=64))
+
+
+@pytest.mark.parametrize("T,S,H,G,offset", [(1, 1, 2, 1, 0), (9, 9, 4, 2, 0), (5, 12, 4, 4, 7),
+                                             (33, 33, 8, 2, 0), (3, 20, 6, 1, 17)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_formulations_agree_with_attention_core(T, S, H, G, offset, dtype):
+    q, k, v = make_qkv(T, H, G, 8, B=2, S=S, dtype=dtype, seed=T + S)
+    want = attention_core(q, k, v, offset)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    for impl in (attention_bmm, attention_einsum):
+        got = impl(q, k, v, offset)
+        assert got.shape == want.shape == (2, T, H * 8)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, **tol, err_msg=impl.__name__)
+
+
+def test_flop_counts():
+    assert attention_flops(128, 128, 8, 64) == 4 * 128 * 128 * 8 * 64
+    # Causal pairs: T(T+1)/2 for a square matrix, plus T*offset when keys come first.
+    assert causal_flops(4, 1, 1) == 4 * 10
+    assert causal_flops(2, 1, 1, offset=3) == 4 * (4 + 5)
+
+
+def test_run_attention_rows():
+    res = run_attention((8, 24), (2,), H=4, D=8, einsum_max_T=8, repeats=1, einsum_repeats=1,
+                        peak_n=32, peak_repeats=1)
+    assert [r["T"] for r in res["rows"]] == [8, 24]
+    assert res["rows"][0]["einsum"] is not None and res["rows"][1]["einsum"] is None
+    for row in res["rows"]:
+        assert row["flops"] == attention_flops(row["T"], row["S"], 4, 8)
+        assert row["attention_core"]["gflops"] > 0 and row["bmm"]["gflops"] > 0
+        assert row["core_vs_bmm"] > 0 and row["core_fraction_of_peak"] > 0
+        assert 0 < row["core_causal_gflops"] < row["attention_core"]["gflops"]
+    assert "4*T*S*H*D" in res["flop_convention"]
+
+
+def test_decode_and_memory():
+    cfg = mid_config(**TINY.model)
+    from transformer_lab import init_params
+    res = run_decode(cfg, init_params(cfg), contexts=(4, 8, 16), repeats_cached=1,
+                     repeats_recompute=1)
+    assert [r["context"] for r in res["rows"]] == [4, 8, 16]
+    for row in res["rows"]:
+        assert row["cached_ms"] > 0 and row["recompute_ms"] > 0
+        assert row["cached_vs_recompute_max_abs_diff"] < 1e-4
+    assert {"slope_ms_per_1k_context", "intercept_ms"} <= set(res["fit"])
+    assert {"ratio", "predicted_ms_at_largest"} <= set(res["linearity"])
+    mem = memory_report(cfg, res)
+    assert mem["kv_bytes_per_token"] == mem["kv_bytes_per_token_formula"] == 2 * 2 * 2 * 8 * 4
+    assert mem["peak_rss_bytes_decode"] >= mem["peak_rss_bytes_before_decode"] > 0
+
+
+def test_run_all_writes_json(tmp_path):
+    path = tmp_path / "out" / "results.json"
+    results = run_all(TINY, path, out=Output(quiet=True), command="smoke test")
+    data = json.loads(path.read_text())
+    assert {"schema", "profile", "command", "machine", "attention", "forward", "decode", "memory",
+            "targets"} <= set(data)
+    m = data["machine"]
+    assert {"cpu_model", "usable_cores", "numpy", "blas", "blas_threads"} <= set(m)
+    assert m["numpy"] == np.__version__
+    att = data["attention"]
+    assert {"flop_convention", "matmul_peak", "rows"} <= set(att)
+    assert {"T", "G", "flops", "attention_core", "bmm", "einsum", "core_vs_bmm",
+            "core_fraction_of_peak"} <= set(att["rows"][0])
+    fwd = data["forward"]
+    assert {"config", "B", "T", "numpy", "torch"} <= set(fwd)
+    assert fwd["numpy"]["tokens_per_s"] > 0
+    if fwd["torch"] is None:
+        assert fwd["torch_skipped"]
+    else:  # PyTorch installed: the same weights must give the same logits
+        assert fwd["torch"]["logits_agree"], fwd["torch"]
+        assert fwd["numpy_over_torch_time"] > 0
+    assert {"rows", "fit", "linearity"} <= set(data["decode"])
+    assert data["memory"]["kv_bytes_per_token"] > 0
+    names = [t["name"] for t in data["targets"]]
+    assert len(names) == 5 and all("met" in t for t in data["targets"])
+    assert data["targets"] == json.loads(json.dumps(evaluate_targets(results)))
+
+
+def test_forward_without_torch_skips_the_row():
+    cfg = mid_config(**TINY.model)
+    from transformer_lab import init_params
+    res = run_forward(cfg, init_params(cfg), B=1, T=5, repeats=1, use_torch=False)
+    assert res["torch"] is None and res["torch_skipped"]
+    assert res["numpy"]["tokens_per_s"] > 0 and "numpy_over_torch_time" not in res
+    (target,) = evaluate_targets({"forward": res})
+    assert target["met"] is None and "skipped" in target["measured_text"]
+
+
+def test_run_all_one_section_without_json():
+    results = run_all(TINY, None, sections=("attention",), out=Output(quiet=True))
+    assert "forward" not in results and "decode" not in results
+    assert len(results["targets"]) == 2
+
+
+def test_cli_parses_options():
+    args = parse_args(["--quick", "--json", "x.json", "--only", "decode", "forward"])
+    assert args.quick and args.json == "x.json" and args.only == ["decode", "forward"]
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--only", "nothing"], ["--json"]])
+def test_cli_bad_option_exits_2(argv):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "usage" in proc.stderr.lower()

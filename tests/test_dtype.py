@@ -1,0 +1,216 @@
+"""Dtype discipline: a float32 model stays float32 through forward, the KV cache and generate.
+
+The detector: the params become views of `Spy`, an ndarray subclass that logs the
+dtypes of the inputs and outputs of every ufunc (np.matmul and `@` included) and
+every NumPy function that a Spy array takes part in. The token embeddings are
+Spy, so the whole residual stream and everything computed from it is observed.
+Inside transformer_lab, np.asarray is swapped for np.asanyarray so that a Spy
+is not turned back into a plain array on its way into attention_core,
+apply_rope or softmax: their internals are observed too.
+
+RoPE's cos/sin tables are float64 by design (positions.rope_angles) and cast to
+x's dtype inside apply_rope; they are computed from plain position arrays, so
+they are never logged, while a float64 table that reached the stream would be.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+import transformer_lab
+import transformer_lab.attention
+import transformer_lab.model
+import transformer_lab.ops
+import transformer_lab.positions
+from transformer_lab import KVCache, forward, generate, init_params, llama_config
+
+CFG = llama_config(vocab=48, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
+                   max_seq=32, dtype=np.float32)
+
+
+class Spy(np.ndarray):
+    """An ndarray that records the dtype of every array going into or out of a NumPy op."""
+
+    log = None  # a list while recording, else None
+
+    @classmethod
+    def _record(cls, name, values):
+        if cls.log is None:
+            return
+        for value in values:
+            if isinstance(value, (np.ndarray, np.generic)):
+                cls.log.append((name, np.dtype(value.dtype), tuple(value.shape)))
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        plain = [x.view(np.ndarray) if isinstance(x, Spy) else x for x in inputs]
+        if out is not None:
+            kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, Spy) else o for o in out)
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        outputs = result if isinstance(result, tuple) else (result,)
+        name = ufunc.__name__ if method == "__call__" else f"{ufunc.__name__}.{method}"
+        Spy._record(name, list(inputs) + list(outputs))
+        if out is not None:  # hand back the caller's own out arrays
+            return out if isinstance(result, tuple) else out[0]
+        wrapped = tuple(r.view(Spy) if type(r) is np.ndarray else r for r in outputs)
+        return wrapped if isinstance(result, tuple) else wrapped[0]
+
+    def __array_function__(self, func, types_, args, kwargs):
+        result = super().__array_function__(func, types_, args, kwargs)
+        flat = list(args) + list(kwargs.values())
+        flat += [x for a in args if isinstance(a, (list, tuple)) for x in a]
+        outputs = result if isinstance(result, tuple) else (result,)
+        Spy._record(func.__name__, flat + list(outputs))
+        return result
+
+
+def spy_params(params):
+    if isinstance(params, dict):
+        return {k: spy_params(v) for k, v in params.items()}
+    if isinstance(params, list):
+        return [spy_params(v) for v in params]
+    return params.view(Spy)
+
+
+def _numpy_keeping_subclasses():
+    """The numpy module, but np.asarray passes ndarray subclasses through (np.asanyarray)."""
+    proxy = types.ModuleType("numpy_keeping_subclasses")
+    proxy.__dict__.update(np.__dict__)
+    proxy.asarray = np.asanyarray
+    return proxy
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Record only inside forward(): sampling after the model may use float64 by design."""
+    proxy = _numpy_keeping_subclasses()
+    for module in (transformer_lab.attention, transformer_lab.model, transformer_lab.ops,
+                   transformer_lab.positions):
+        monkeypatch.setattr(module, "np", proxy)
+    real_forward = transformer_lab.model.forward
+    log = Log()
+
+    def recording_forward(*args, **kwargs):
+        log.forward_calls += 1
+        Spy.log = log
+        try:
+            return real_forward(*args, **kwargs)
+        finally:
+            Spy.log = None
+
+    monkeypatch.setattr(transformer_lab.model, "forward", recording_forward)
+    yield log
+    Spy.log = None
+
+
+class Log(list):
+    """(op name, dtype, shape) of every logged array, and how many forward() calls were made."""
+    forward_calls = 0
+
+
+def offenders(log, min_size=2):
+    """Logged arrays of a floating dtype other than float32, larger than a scalar."""
+    return [(name, dt, shape) for name, dt, shape in log
+            if np.issubdtype(dt, np.inexact) and dt != np.float32
+            and int(np.prod(shape, dtype=np.int64)) >= min_size]
+
+
+def _tokens(B=2, T=6, seed=0):
+    return np.random.default_rng(seed).integers(0, CFG.vocab, size=(B, T))
+
+
+def _params():
+    return spy_params(init_params(CFG, seed=0))
+
+
+def test_params_are_float32():
+    leaves = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+        else:
+            leaves.append(node)
+
+    walk(init_params(CFG))
+    assert leaves and all(a.dtype == np.float32 for a in leaves)
+
+
+def test_forward_stays_float32(spy):
+    logits = transformer_lab.model.forward(_params(), CFG, _tokens())
+    assert logits.dtype == np.float32
+    assert logits.shape == (2, 6, CFG.vocab)
+    assert spy, "the detector recorded nothing: the Spy arrays did not reach the model"
+    assert any(name == "matmul" for name, _, _ in spy)
+    # An exp over the 6 keys is attention's softmax: the internals are observed too.
+    assert any(name == "exp" and shape and shape[-1] == 6 for name, _, shape in spy)
+    assert offenders(spy) == []
+
+
+def test_cache_and_decode_stay_float32(spy):
+    params = _params()
+    cache = KVCache(CFG, 2)
+    tokens = _tokens(T=8)
+    prefill = transformer_lab.model.forward(params, CFG, tokens[:, :5], cache=cache)
+    steps = [transformer_lab.model.forward(params, CFG, tokens[:, t:t + 1], cache=cache)
+             for t in range(5, 8)]
+    assert prefill.dtype == np.float32 and all(s.dtype == np.float32 for s in steps)
+    assert all(k.dtype == np.float32 for k in cache.k)
+    assert all(v.dtype == np.float32 for v in cache.v)
+    assert cache.bytes_per_token() == 2 * CFG.n_layers * CFG.n_kv_heads * CFG.head_dim * 4
+    assert offenders(spy) == []
+    # The cached steps match a full forward, so decode really read the cache.
+    full = forward(init_params(CFG, seed=0), CFG, tokens)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full[:, 5:], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("sampling", [dict(greedy=True), dict(temperature=0.8, top_k=10, seed=3)])
+def test_generate_stays_float32(spy, monkeypatch, sampling):
+    caches = []
+
+    class RecordingCache(KVCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            caches.append(self)
+
+    monkeypatch.setattr(transformer_lab.model, "KVCache", RecordingCache)
+    out = generate(_params(), CFG, _tokens(T=4), 5, **sampling)
+    assert out.shape == (2, 9)
+    assert len(caches) == 1
+    assert all(a.dtype == np.float32 for a in caches[0].k + caches[0].v)
+    assert offenders(spy) == []
+    # One prefill and four decode steps were recorded (the fifth token needs no forward).
+    assert spy.forward_calls == 5
+
+
+def test_detector_catches_a_float64_scalar_in_the_residual_stream(spy, monkeypatch):
+    real_mlp = transformer_lab.model.mlp
+
+    def mlp_with_float64_scalar(x, m, cfg):
+        return real_mlp(x, m, cfg) * np.float64(1.0)  # a NumPy float64 scalar is not "weak"
+
+    monkeypatch.setattr(transformer_lab.model, "mlp", mlp_with_float64_scalar)
+    logits = transformer_lab.model.forward(_params(), CFG, _tokens())
+    assert logits.dtype == np.float64  # the promotion spreads to the output...
+    found = offenders(spy)
+    assert found, "the detector missed a float64 scalar in the residual stream"
+    assert any(name == "multiply" for name, _, _ in found)  # ...and is caught where it starts
+
+
+def test_detector_catches_float64_inside_attention(spy, monkeypatch):
+    """A float64 scale inside attention_core is caught even if the output were cast back."""
+    real_core = transformer_lab.attention.attention_core
+
+    def core_with_float64_queries(q, k, v, offset=0, **kwargs):
+        out = real_core(q * np.float64(1.0), k, v, offset, **kwargs)
+        return out.astype(np.float32)  # hides the promotion from everything downstream
+
+    monkeypatch.setattr(transformer_lab.model, "attention_core", core_with_float64_queries)
+    logits = transformer_lab.model.forward(_params(), CFG, _tokens())
+    assert logits.dtype == np.float32
+    assert any(name == "matmul" for name, _, _ in offenders(spy))
