@@ -7,7 +7,9 @@ import numpy as np
 
 from transformer_lab import attention_core
 
-from .timing import measure, measure_side_by_side
+from transformer_lab.measure import matmul_peak as measure_matmul_peak
+from transformer_lab.measure import time_call as measure
+from transformer_lab.measure import time_side_by_side as measure_side_by_side
 
 FLOP_CONVENTION = (
     "4*T*S*H*D per call: the QK^T and PV matmuls (2*T*S*D each, per query head) counted over "
@@ -73,14 +75,9 @@ def attention_einsum(q, k, v, offset=0):
 
 
 def matmul_peak(n=2048, *, repeats=5, dtype=np.float32):
-    """Best float32 GFLOP/s of one n x n @ n x n product (2 n^3 FLOPs)."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n)).astype(dtype)
-    b = rng.standard_normal((n, n)).astype(dtype)
-    out = np.empty((n, n), dtype=dtype)
-    stats = measure(lambda: np.matmul(a, b, out=out), repeats=repeats, warmup=1)
-    return {"n": n, "dtype": np.dtype(dtype).name, "flops": 2 * n ** 3, **stats,
-            "gflops": 2 * n ** 3 / stats["best_s"] / 1e9}
+    """Best GFLOP/s of one n x n @ n x n product (2 n^3 FLOPs), as transformer_lab.measure times it."""
+    peak = measure_matmul_peak(n, dtype=dtype, repeats=repeats)
+    return {**peak, "gflops": peak["flops_per_s"] / 1e9}
 
 
 def _with_gflops(stats, flops):

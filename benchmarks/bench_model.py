@@ -5,8 +5,11 @@ import numpy as np
 
 from transformer_lab import KVCache, forward, init_params, llama_config, param_shapes
 
-from .machine import blas_threads, peak_rss_bytes
-from .timing import measure, measure_side_by_side
+from transformer_lab.measure import peak_rss_bytes
+from transformer_lab.measure import time_call as measure
+from transformer_lab.measure import time_side_by_side as measure_side_by_side
+
+from .machine import blas_threads
 
 # The mid-size float32 model: d_ff = 8/3 * d rounded up to a multiple of 64, Llama's rule;
 # a Llama-sized vocabulary. max_seq leaves room for a 2048-token context plus new tokens.

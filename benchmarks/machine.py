@@ -5,8 +5,6 @@ import ctypes
 import importlib.metadata
 import os
 import platform
-import resource
-import sys
 
 import numpy as np
 
@@ -115,12 +113,6 @@ def load_average():
     except (OSError, IndexError, ValueError):
         pass
     return info
-
-
-def peak_rss_bytes():
-    """The process's peak resident set so far (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 
 
 def machine_info():

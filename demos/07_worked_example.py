@@ -17,7 +17,7 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 
-from console import fmt_float, print_observations, print_section, print_table, print_text
+from console import print_observations, print_section, print_table, print_text
 from transformer_lab import attention_weights, layer_norm, log_softmax, loss, softmax
 from transformer_lab.examples import WEEK8_PROMPTS, WEEK8_VOCAB, WEEK8_VOCAB_EN, week8_example
 from transformer_lab.model import attention, embed, forward, lm_head, mlp, norm

@@ -1,5 +1,4 @@
 """transformer_lab.measure: the figures are well-formed (no timing assertions)."""
-import numpy as np
 
 from transformer_lab import TINY, init_params
 from transformer_lab.measure import (matmul_peak, param_bytes, peak_rss_bytes, read_bandwidth,

