@@ -114,13 +114,11 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
             # Only the last `rows` keys are in the causal triangle; earlier ones are all visible.
             diag = scores.reshape(B, G, rows, R, end)[..., offset + t0:]
             np.copyto(diag, -np.inf, where=hidden[:rows, :, :rows])
-        m = scores.max(axis=-1, keepdims=True)
-        if not np.isfinite(m).all():
-            m[~np.isfinite(m)] = 0  # a fully masked row: exp(-inf) = 0, not NaN
-        scores -= m
+        # Every query sees at least key 0 (offset >= 0), so no row is fully masked:
+        # each row's max is finite and its sum of exps is at least 1.
+        scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)  # unnormalised weights, in place
         total = scores.sum(axis=-1, keepdims=True)
-        total[total == 0] = 1  # a fully masked row gives zeros
         o = scores @ vg[:, :, :end]  # [B, G, rows*R, D]
         o /= total
         # Head h = g*R + r, so [B, T, G, R, D] flattens to head 0's D values first.

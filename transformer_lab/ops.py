@@ -46,7 +46,10 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 
 def rms_norm(x, weight=None, eps=1e-6):
     """RMSNorm over the last axis: no centring, divide by the root mean square."""
-    out = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + float(eps))
+    # sum * (1/d) rather than mean(): the same number, without mean()'s Python-level overhead,
+    # which shows in decode, where this runs twice per layer on a single row.
+    mean_square = (x * x).sum(axis=-1, keepdims=True) * (1.0 / x.shape[-1])
+    out = x / np.sqrt(mean_square + float(eps))
     if weight is not None:
         out = out * weight
     return out
@@ -91,8 +94,12 @@ def gelu_tanh(x):
 
 
 def silu(x):
-    """x * sigmoid(x). Only exp(-|x|) is ever taken, so nothing overflows and the
-    negative tail keeps full relative precision."""
+    """x * sigmoid(x) = x / (1 + exp(-x)).
+
+    A division, not a difference, so the negative tail keeps full relative
+    precision. Far in that tail exp(-x) overflows to inf and x / inf gives -0,
+    the correctly rounded answer, so the overflow warning is silenced.
+    """
     x = np.asarray(x)
-    e = np.exp(-np.abs(x))
-    return x * np.where(x >= 0, 1.0, e).astype(e.dtype, copy=False) / (1.0 + e)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
