@@ -92,7 +92,7 @@ def report(load_seconds, n_prompt, prefill, steps, decode, params, err=None):
     parts = [f"load {load_seconds:.2f} s",
              f"prefill {n_prompt} tokens in {prefill:.2f} s",
              f"decode {steps} tokens at {rate:.1f} tokens/s",
-             f"memory bound {bound:.1f} tokens/s ({weights / 2**20:.0f} MiB of weights per token "
+             f"memory bound {bound:.1f} tokens/s ({weights / 2**20:.3g} MiB of weights per token "
              f"at a measured {bandwidth / 1e9:.1f} GB/s; reached {rate / bound:.0%})"]
     if rss is not None:
         parts.append(f"peak RSS {rss / 2**20:.0f} MiB")
