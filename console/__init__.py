@@ -198,7 +198,7 @@ def print_table(headers, rows, title: str | None = None, caption: str | None = N
     """A table with rows of str, int or float; numbers are right-aligned."""
     rows = [list(r) for r in rows]
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, header_style="bold",
-                  title_style="bold", caption_style="dim", pad_edge=False)
+                  title_style="bold", caption_style="dim", caption_justify="left", pad_edge=False)
     for i, h in enumerate(headers):
         numeric = bool(rows) and all(isinstance(r[i], (int, float)) or
                                      type(r[i]).__module__ == "numpy" for r in rows)
