@@ -10,31 +10,20 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from test_attention import ref_attention
 from transformer_lab import apply_rope, attention_core, attention_weights, rope_angles
 
 DTYPES = st.sampled_from([np.float32, np.float64])
 TOL = {np.float32: dict(rtol=1e-4, atol=1e-4), np.float64: dict(rtol=0, atol=1e-12)}
 
 
-def loop_attention(q, k, v, offset, causal, scale):
-    """[B, T, H*D] by loops over batch, head, query; scalar math in float64."""
-    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
-    B, T, H, D = q.shape
-    S, G = k.shape[1], k.shape[2]
-    R = H // G
-    out = np.zeros((B, T, H * D))
-    for b in range(B):
-        for h in range(H):
-            g = h // R
-            for i in range(T):
-                keys = range(offset + i + 1) if causal else range(S)
-                s = [scale * float(np.dot(q[b, i, h], k[b, j, g])) for j in keys]
-                m = max(s)
-                e = [math.exp(x - m) for x in s]
-                z = math.fsum(e)
-                for j, ej in zip(keys, e):
-                    out[b, i, h * D:(h + 1) * D] += (ej / z) * v[b, j, g]
-    return out
+def draw_qkv(case):
+    B, T, S, offset, G, R, D, dtype, causal, scale, seed = case
+    rng = np.random.default_rng(seed)
+    q = rng.normal(size=(B, T, G * R, D)).astype(dtype)
+    k = rng.normal(size=(B, S, G, D)).astype(dtype)
+    v = rng.normal(size=(B, S, G, D)).astype(dtype)
+    return q, k, v
 
 
 @st.composite
@@ -56,32 +45,23 @@ def attention_cases(draw):
 @given(attention_cases())
 def test_attention_core_matches_loop_reference(case):
     B, T, S, offset, G, R, D, dtype, causal, scale, seed = case
-    H = G * R
-    rng = np.random.default_rng(seed)
-    q = rng.normal(size=(B, T, H, D)).astype(dtype)
-    k = rng.normal(size=(B, S, G, D)).astype(dtype)
-    v = rng.normal(size=(B, S, G, D)).astype(dtype)
+    q, k, v = draw_qkv(case)
     got = attention_core(q, k, v, offset, causal=causal, scale=scale)
-    assert got.shape == (B, T, H * D)
+    assert got.shape == (B, T, G * R * D)
     assert got.dtype == dtype
-    used_scale = 1.0 / math.sqrt(D) if scale is None else scale
-    np.testing.assert_allclose(got, loop_attention(q, k, v, offset, causal, used_scale), **TOL[dtype])
+    np.testing.assert_allclose(got, ref_attention(q, k, v, offset, causal, scale), **TOL[dtype])
 
 
 @given(attention_cases())
 def test_gqa_equals_repeated_kv_mha_and_weights_are_distributions(case):
     B, T, S, offset, G, R, D, dtype, causal, scale, seed = case
-    H = G * R
-    rng = np.random.default_rng(seed)
-    q = rng.normal(size=(B, T, H, D)).astype(dtype)
-    k = rng.normal(size=(B, S, G, D)).astype(dtype)
-    v = rng.normal(size=(B, S, G, D)).astype(dtype)
+    q, k, v = draw_qkv(case)
     grouped = attention_core(q, k, v, offset, causal=causal, scale=scale)
     mha = attention_core(q, np.repeat(k, R, axis=2), np.repeat(v, R, axis=2), offset,
                          causal=causal, scale=scale)
     np.testing.assert_allclose(grouped, mha, **TOL[dtype])
     w = attention_weights(q, k, offset, causal=causal, scale=scale)
-    assert w.shape == (B, H, T, S)
+    assert w.shape == (B, G * R, T, S)
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5 if dtype == np.float32 else 1e-12)
     if causal:
         for i in range(T):
