@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "demos"))
 
 import console  # noqa: E402
 from _common import (LANGS, OneLineParser, UsageError, load_demos, render_demo,  # noqa: E402
-                     resolve_lang, to_jsonable)
+                     resolve_lang)
+from console import to_jsonable  # noqa: E402
 
 EXPORT_SUFFIXES = (".svg", ".html", ".htm", ".txt")
 DONE = {"zh": "全部演示完成：{n} 个，用时 {t}", "en": "All demos done: {n} in {t}"}

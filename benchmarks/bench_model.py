@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transformer_lab import KVCache, forward, init_params, llama_config, param_shapes
+from transformer_lab import KVCache, forward, init_params, llama_config, named_params, param_shapes
 
 from transformer_lab.measure import peak_rss_bytes
 from transformer_lab.measure import time_call as measure
@@ -31,17 +31,7 @@ def describe_config(cfg):
 
 
 def _leaf_shapes(cfg):
-    def walk(node):
-        if isinstance(node, dict):
-            for value in node.values():
-                yield from walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from walk(value)
-        else:
-            yield node
-
-    return list(walk(param_shapes(cfg)))
+    return [shape for _, shape in named_params(param_shapes(cfg))]
 
 
 def _tokens(cfg, B, T, seed=1):

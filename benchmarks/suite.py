@@ -7,7 +7,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
+
+from console import to_jsonable
 
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
@@ -163,20 +164,9 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None
     if json_path is not None:
         json_path = Path(json_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(_plain(results), indent=2) + "\n", encoding="utf-8")
+        json_path.write_text(json.dumps(to_jsonable(results), indent=2) + "\n", encoding="utf-8")
         out.note(f"Figures written to {json_path}")
     return results
-
-
-def _plain(obj):
-    """NumPy scalars and tuples to JSON-ready Python values."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
 
 
 # ---------------------------------------------------------------- printing

@@ -12,6 +12,8 @@ import os
 import re
 import sys
 
+import numpy as np
+
 from rich import box
 from rich.cells import cell_len
 from rich.console import Console
@@ -21,7 +23,7 @@ from rich.text import Text
 
 __all__ = [
     "get_console", "reset_console", "set_lang", "get_lang", "print_header", "print_table",
-    "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time", "fmt_float", "wrap_text",
+    "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time", "fmt_float", "wrap_text", "to_jsonable",
     "export", "set_pause", "pause", "can_encode",
 ]
 
@@ -240,8 +242,6 @@ def heatmap(matrix, row_labels, col_labels, title: str | None = None, *,
     Cells are 4 characters wide, so a 12 x 12 matrix with 6-character labels
     fits in 80 columns. Exact zeros (masked positions) print as '·'.
     """
-    import numpy as np
-
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2:
         raise ValueError(f"heatmap needs a 2-D matrix, got shape {m.shape}")
@@ -285,6 +285,22 @@ def set_pause(enabled: bool):
 def pause():
     if _pause and sys.stdin is not None and sys.stdin.isatty():
         get_console().input(Text(PAUSE_PROMPT.get(_lang, PAUSE_PROMPT["en"]), style="dim"))
+
+
+def to_jsonable(obj):
+    """Plain JSON types for --json output and result files: NumPy arrays and scalars
+    become lists and numbers, non-finite floats become None."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def export(path) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -20,9 +19,8 @@ ROOT = DEMOS_DIR.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-
 import console  # noqa: E402
+from console import to_jsonable  # noqa: E402
 
 LANGS = ("zh", "en")
 LANG_ENV = "TRANSFORMER_LAB_LANG"
@@ -64,21 +62,6 @@ def resolve_lang(cli_lang: str | None) -> str:
         except (AttributeError, ValueError):
             pass
     return lang
-
-
-def to_jsonable(obj):
-    """Plain JSON types from results holding NumPy arrays and scalars; non-finite floats become None."""
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return to_jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        return to_jsonable(obj.item())
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
 
 
 def demo_parser(prog: str, description: str) -> OneLineParser:

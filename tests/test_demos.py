@@ -46,7 +46,7 @@ def test_demo_renders_within_80_columns(demo, lang, quick_results):
 
 @pytest.mark.parametrize("demo", DEMOS, ids=lambda d: f"{d.NUMBER:02d}")
 def test_demo_results_are_json(demo, quick_results):
-    from _common import to_jsonable
+    from console import to_jsonable
     json.dumps(to_jsonable(quick_results[demo.NUMBER]), allow_nan=False)
 
 

@@ -24,7 +24,7 @@ import transformer_lab.attention
 import transformer_lab.model
 import transformer_lab.ops
 import transformer_lab.positions
-from transformer_lab import KVCache, forward, generate, init_params, llama_config
+from transformer_lab import KVCache, forward, generate, init_params, llama_config, named_params
 
 CFG = llama_config(vocab=48, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
                    max_seq=32, dtype=np.float32)
@@ -125,19 +125,7 @@ def _params():
 
 
 def test_params_are_float32():
-    leaves = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-        else:
-            leaves.append(node)
-
-    walk(init_params(CFG))
+    leaves = [a for _, a in named_params(init_params(CFG))]
     assert leaves and all(a.dtype == np.float32 for a in leaves)
 
 

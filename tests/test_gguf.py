@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
-from transformer_lab import (BPETokenizer, find_model, forward, init_params,  # noqa: E402
+from transformer_lab import (BPETokenizer, find_model, forward, init_params, named_params,  # noqa: E402
                              llama_config, load_gguf)
 from transformer_lab import gguf_loader  # noqa: E402
 from transformer_lab.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL  # noqa: E402
@@ -125,17 +125,6 @@ def stored_values(value, kind):
     return dequantize(quantize(value, kind), kind)
 
 
-def walk(tree, prefix=""):
-    if isinstance(tree, dict):
-        for key, sub in tree.items():
-            yield from walk(sub, f"{prefix}.{key}" if prefix else key)
-    elif isinstance(tree, list):
-        for i, sub in enumerate(tree):
-            yield from walk(sub, f"{prefix}[{i}]")
-    else:
-        yield prefix, tree
-
-
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory):
     cfg = tiny_config(tie=True)
@@ -180,9 +169,9 @@ def test_params_equal_the_stored_values_in_the_standard_layout(tmp_path, tie):
 def test_params_are_the_originals_within_quantization_error(model_file):
     path, cfg, params = model_file
     _, loaded, _ = load_gguf(path)
-    got_leaves = dict(walk(loaded))
-    assert list(got_leaves) == [name for name, _ in walk(params)]  # same keys, same order
-    for name, want in walk(params):
+    got_leaves = dict(named_params(loaded))
+    assert list(got_leaves) == [name for name, _ in named_params(params)]  # same keys, same order
+    for name, want in named_params(params):
         got = got_leaves[name]
         assert got.shape == want.shape, name
         scale = np.abs(want).max()
@@ -216,8 +205,8 @@ def test_all_f32_file_loads_exactly_and_forwards_the_same(tiny):
     tmp_path, cfg, params = tiny
     tensors = gguf_tensors(params, cfg, types={})
     _, loaded, _ = load_gguf(write_gguf(tmp_path / "f32.gguf", cfg, params, tensors=tensors))
-    got_leaves = dict(walk(loaded))
-    for name, want in walk(params):
+    got_leaves = dict(named_params(loaded))
+    for name, want in named_params(params):
         np.testing.assert_array_equal(got_leaves[name], want, err_msg=name)
         assert got_leaves[name].flags.owndata or got_leaves[name].base is not None
     tokens = np.arange(10)[None, :]
@@ -228,7 +217,7 @@ def test_float64_loading(model_file):
     path, cfg, params = model_file
     cfg64, loaded, _ = load_gguf(path, dtype=np.float64)
     assert cfg64.dtype == np.float64
-    assert all(a.dtype == np.float64 for _, a in walk(loaded))
+    assert all(a.dtype == np.float64 for _, a in named_params(loaded))
 
 
 def test_tokenizer_comes_from_the_metadata(model_file):

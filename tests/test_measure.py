@@ -1,6 +1,6 @@
 """transformer_lab.measure: the figures are well-formed (no timing assertions)."""
 
-from transformer_lab import TINY, init_params
+from transformer_lab import TINY, init_params, named_params
 from transformer_lab.measure import (matmul_peak, param_bytes, peak_rss_bytes, read_bandwidth,
                                      time_call, time_side_by_side)
 
@@ -29,18 +29,6 @@ def test_matmul_peak_and_bandwidth_report_positive_rates():
 
 def test_param_bytes_counts_every_array():
     params = init_params(TINY)
-    leaves = []
-
-    def walk(p):
-        if isinstance(p, dict):
-            for v in p.values():
-                walk(v)
-        elif isinstance(p, list):
-            for v in p:
-                walk(v)
-        else:
-            leaves.append(p)
-
-    walk(params)
+    leaves = [a for _, a in named_params(params)]
     assert param_bytes(params) == sum(a.nbytes for a in leaves) == sum(a.size for a in leaves) * 8
     assert peak_rss_bytes() is None or peak_rss_bytes() > 1e6

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_lab import (TINY, TINY_GPT2, KVCache, forward, generate, generate_stream,
-                             gpt2_config, init_params, llama_config, loss, param_shapes,
+                             gpt2_config, init_params, llama_config, loss, named_params, param_shapes,
                              sample_next)
 
 # A float32 Llama-style config (GQA, RoPE) and a few position variants in float64.
@@ -23,16 +23,7 @@ def tokens_for(cfg, B, T, seed):
     return np.random.default_rng(seed).integers(0, cfg.vocab, size=(B, T))
 
 
-def leaves(tree, path=""):
-    """(path, leaf) for every array in a nested params dict."""
-    if isinstance(tree, dict):
-        for key, sub in tree.items():
-            yield from leaves(sub, f"{path}.{key}" if path else key)
-    elif isinstance(tree, list):
-        for i, sub in enumerate(tree):
-            yield from leaves(sub, f"{path}[{i}]")
-    else:
-        yield path, tree
+leaves = named_params  # (name, array) for every leaf, as check_params names them
 
 
 # ------------------------------------------------------------------ params layout

@@ -77,8 +77,6 @@ def peak_rss_bytes():
 
 def param_bytes(params) -> int:
     """Bytes of every array in a nested params dict: what one decode step reads."""
-    if isinstance(params, dict):
-        return sum(param_bytes(v) for v in params.values())
-    if isinstance(params, (list, tuple)):
-        return sum(param_bytes(v) for v in params)
-    return int(params.nbytes)
+    from .model import named_params
+
+    return sum(int(a.nbytes) for _, a in named_params(params))

@@ -72,6 +72,19 @@ def init_params(cfg: Config, seed=0) -> dict:
     return build(param_shapes(cfg), "")
 
 
+def named_params(tree, prefix=""):
+    """Yield (name, leaf) for every array in a nested params dict, named as errors name
+    them: "tok_emb", "blocks[1].attn.wk", ... Works on param_shapes() trees too."""
+    if isinstance(tree, dict):
+        for key, sub in tree.items():
+            yield from named_params(sub, f"{prefix}.{key}" if prefix else key)
+    elif isinstance(tree, list):
+        for i, sub in enumerate(tree):
+            yield from named_params(sub, f"{prefix}[{i}]")
+    else:
+        yield prefix, tree
+
+
 def check_params(params, cfg: Config):
     """Raise ValueError naming the first missing key or wrong shape (shapes only: cheap)."""
 
