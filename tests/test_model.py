@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from transformer_lab import (TINY, TINY_GPT2, KVCache, forward, generate, generate_stream,
+from transformer_lab import (TINY, TINY_GPT2, KVCache, check_params, forward, generate, generate_stream,
                              gpt2_config, init_params, llama_config, loss, named_params, param_shapes,
                              sample_next)
 
@@ -538,3 +538,14 @@ def test_tied_head_uses_token_table():
     h = M.norm(x, params["final_norm"], cfg)  # [1, 3, d]
     want = np.einsum("btd,vd->btv", h, params["tok_emb"]) + np.arange(cfg.vocab)
     np.testing.assert_allclose(forward(params, cfg, toks), want, rtol=0, atol=1e-12)
+
+
+def test_named_params_names_leaves_as_errors_do():
+    params = init_params(TINY)
+    named = dict(named_params(params))
+    assert named["blocks[1].attn.wk"] is params["blocks"][1]["attn"]["wk"]
+    assert list(named)[0] == "tok_emb" and "final_norm.weight" in named
+    assert [n for n, _ in named_params(param_shapes(TINY))] == list(named)
+    del params["blocks"][1]["attn"]["wk"]
+    with pytest.raises(ValueError, match=r"blocks\[1\]\.attn\.wk"):
+        check_params(params, TINY)
