@@ -31,7 +31,7 @@ T_CHECK, H_CHECK, G_CHECK = 128, 8, 2  # the numerical checks use a shorter sequ
 TITLE = {"zh": "多头注意力的 FLOPs 与 GQA", "en": "Multi-head FLOPs and GQA"}
 TEXT = {
     "zh": {
-        "names": {"1 head": "1 头", "8 heads": "8 头", "64 heads": "64 头",
+        "or": "、", "names": {"1 head": "1 头", "8 heads": "8 头", "64 heads": "64 头",
                   "GQA": "GQA G=2", "MQA": "MQA G=1"},
         "setup": "d={d}，T={T}，batch 1，单层。矩阵乘 [m×k]·[k×n] 记作 2·m·k·n FLOPs"
                  "（每项一次乘、一次加）；Q、O 投影各 d×d，K、V 各 d×(G·D)；核心"
@@ -48,7 +48,7 @@ TEXT = {
         "check_head": "attention_core 一次算完所有头，与逐头循环（普通 NumPy softmax）相比："
                       "最大差 {diff}",
         "check_gqa": "GQA（G={G}）与用 np.repeat 把 K/V 复制 {R} 份的 MHA 相比：最大差 {diff}",
-        "obs_heads": "把 d={d} 切成 1、8 或 64 个头，FLOPs 完全不变：投影都是 {proj}FLOPs，"
+        "obs_heads": "把 d={d} 切成 {heads} 个头，FLOPs 完全不变：投影都是 {proj}FLOPs，"
                      "核心都是 {core}FLOPs，一个 FLOP 都不差，因为 H·D = d。",
         "obs_gqa": "GQA 和 MQA 只缩小 K、V：K、V 投影从 {kv_mha}FLOPs 降到 {kv_gqa}FLOPs 和 "
                    "{kv_mqa}FLOPs，每 token 每层的缓存从 {b_mha} 字节降到 {b_gqa} 和 {b_mqa} "
@@ -57,15 +57,15 @@ TEXT = {
                       "却要读 {bytes}B 的 K/V，每字节只有 {i_mha} 个 FLOP，远不够让硬件算满；"
                       "GQA、MQA 用同样的 FLOPs 只读 1/{r_gqa}、1/{r_mqa} 的字节"
                       "（{i_gqa}、{i_mqa} FLOPs/字节）。",
-        "obs_thin": "头太多会让每个矩阵乘变“瘦”：64 个头时 D={D}，每个 QKᵀ 是 {shape}，内维只有 "
+        "obs_thin": "头太多会让每个矩阵乘变“瘦”：{H} 个头时 D={D}，每个 QKᵀ 是 {shape}，内维只有 "
                     "{D}，每个分数只摊到 {per} 个 FLOP；还要写 {n} 个 T×T 分数矩阵，共 {sc} 个"
-                    "元素（8 个头时 {sc8}）。",
+                    "元素（{H8} 个头时 {sc8}）。",
         "obs_check": "检验：一次算完所有头与逐头循环一致（最大差 {d_head}）；GQA 与把 K/V 复制 "
                      "{R} 份的 MHA 一致（最大差 {d_gqa}）——GQA 就是每个 K/V 头由 {R} 个查询头"
                      "共享。",
     },
     "en": {
-        "names": {"1 head": "1 head", "8 heads": "8 heads", "64 heads": "64 heads",
+        "or": ", ", "names": {"1 head": "1 head", "8 heads": "8 heads", "64 heads": "64 heads",
                   "GQA": "GQA G=2", "MQA": "MQA G=1"},
         "setup": "d={d}, T={T}, batch 1, one layer. A matmul [m×k]·[k×n] counts "
                  "2·m·k·n FLOPs (a multiply and an add per term); Q and O projections are "
@@ -84,7 +84,7 @@ TEXT = {
                       "softmax: max difference {diff}",
         "check_gqa": "GQA (G={G}) vs MHA on K/V repeated {R}× with np.repeat: "
                      "max difference {diff}",
-        "obs_heads": "Splitting d={d} into 1, 8 or 64 heads leaves the FLOPs unchanged: "
+        "obs_heads": "Splitting d={d} into {heads} heads leaves the FLOPs unchanged: "
                      "{proj}FLOPs of projections and {core}FLOPs of core every time, to the "
                      "last FLOP, because H·D = d.",
         "obs_gqa": "GQA and MQA shrink only K and V: their projections fall from "
@@ -96,9 +96,9 @@ TEXT = {
                       "byte, far too few to keep any accelerator's arithmetic busy; GQA and "
                       "MQA do the same FLOPs reading 1/{r_gqa} and 1/{r_mqa} of the bytes "
                       "({i_gqa} and {i_mqa} FLOPs per byte).",
-        "obs_thin": "Very many heads make each matmul thin: at 64 heads D={D}, so each QKᵀ is "
+        "obs_thin": "Very many heads make each matmul thin: at {H} heads D={D}, so each QKᵀ is "
                     "{shape}, an inner dimension of only {D} and {per} FLOPs per score, and "
-                    "there are {n} T×T score matrices to write, {sc} entries (vs {sc8} at 8 "
+                    "there are {n} T×T score matrices to write, {sc} entries (vs {sc8} at {H8} "
                     "heads).",
         "obs_check": "Checks: all heads at once equal the per-head loop (max difference "
                      "{d_head}); GQA equals MHA with K/V repeated {R}× (max difference "
@@ -201,6 +201,7 @@ def render(result, lang="zh"):
                   fmt_num(r["score_entries"]), r["flops_per_score"]] for r in result["rows"]])
 
     mha, gqa, mqa, many = rows[MHA], rows[GQA], rows[MQA], rows["64 heads"]
+    mha_rows = [r for r in result["rows"] if r["G"] == r["H"]]  # plain multi-head splits of d
     print_section(t["decode"].format(T=result["T"]))
     print_table(["", t["flops"], t["bytes"], t["intensity"]],
                 [[name[r["key"]], fmt_num(r["decode_flops"]), fmt_num(r["decode_bytes"]) + "B",
@@ -212,7 +213,8 @@ def render(result, lang="zh"):
     print_text(t["check_gqa"].format(G=c["G"], R=c["R"], diff=fmt_float(c["gqa_diff"])))
 
     print_observations([
-        t["obs_heads"].format(d=result["d"], proj=fmt_num(mha["proj_flops"]),
+        t["obs_heads"].format(d=result["d"], heads=t["or"].join(str(r["H"]) for r in mha_rows),
+                              proj=fmt_num(mha["proj_flops"]),
                               core=fmt_num(mha["core_flops"])),
         t["obs_gqa"].format(kv_mha=fmt_num(mha["kv_proj_flops"]), kv_gqa=fmt_num(gqa["kv_proj_flops"]),
                             kv_mqa=fmt_num(mqa["kv_proj_flops"]), b_mha=mha["kv_bytes"],
@@ -225,9 +227,9 @@ def render(result, lang="zh"):
                                r_mqa=mha["decode_bytes"] // mqa["decode_bytes"],
                                i_gqa=_number(gqa["decode_intensity"]),
                                i_mqa=_number(mqa["decode_intensity"])),
-        t["obs_thin"].format(D=many["D"], shape=_shape(many["qk_shape"]), per=many["flops_per_score"],
+        t["obs_thin"].format(H=many["H"], D=many["D"], shape=_shape(many["qk_shape"]), per=many["flops_per_score"],
                              n=many["qk_count"], sc=fmt_num(many["score_entries"]).strip(),
-                             sc8=fmt_num(mha["score_entries"]).strip()),
+                             sc8=fmt_num(mha["score_entries"]).strip(), H8=mha["H"]),
         t["obs_check"].format(d_head=fmt_float(c["per_head_diff"]), d_gqa=fmt_float(c["gqa_diff"]),
                               R=c["R"]),
     ])

@@ -93,7 +93,7 @@ TEXT = {
         "obs_distinct_gram": "用 Gram 技巧分块比较全部 {npairs} 对位置，得到同一个最小距离 "
                              "{dmin_gram}，与只比较偏移的结果一致。",
         "obs_rope_rel": "前三组的 m − n 都是 {rel}，打分相同，彼此最多相差 {maxdiff}，"
-                        "即使在位置 {far} 也是如此；(5, 4) 的 m − n = {rel_last}，打分变为 "
+                        "即使在位置 {far} 也是如此；{mn_last} 的 m − n = {rel_last}，打分变为 "
                         "{s_last:.4f}（第一组为 {s_first:.4f}）。RoPE 的打分只看相对位置。",
         "obs_head": "所有 token 都一样，区别只在位置；但从 t = 1 起，每个查询 t 的最大权重"
                     "都落在 t−1 上。t = {shown} 时，t−1 的权重分别是 {ws}。t0 前面没有 "
@@ -153,7 +153,7 @@ TEXT = {
         "obs_distinct_gram": "Comparing all {npairs} pairs with the Gram trick, in blocks, gives "
                              "the same minimum distance, {dmin_gram}, as the offsets alone.",
         "obs_rope_rel": "The first three rows all have m − n = {rel} and the same score, within "
-                        "{maxdiff} of each other, even at position {far}; (5, 4) has m − n = "
+                        "{maxdiff} of each other, even at position {far}; {mn_last} has m − n = "
                         "{rel_last} and a different score, {s_last:.4f} (row 1: {s_first:.4f}). "
                         "A RoPE score sees only the relative position.",
         "obs_head": "All the tokens are the same; only their positions differ. Yet every query "
@@ -366,6 +366,7 @@ def observations(result, lang):
         rel=first["m"] - first["n"],
         maxdiff=fmt_float(max(abs(r["score"] - first["score"]) for r in same)),
         far=max(r["m"] for r in same), rel_last=last["m"] - last["n"],
+        mn_last=f"({last['m']}, {last['n']})",
         s_last=last["score"], s_first=first["score"]))
     w = np.asarray(result["head_weights"])
     items.append(t["obs_head"].format(shown=t["sep"].join(str(s) for s in HEAD_SHOW),
