@@ -185,3 +185,14 @@ def test_sinusoidal_pe_matches_loop(positions):
 def test_sinusoidal_pe_position_zero():
     pe = sinusoidal_pe([0], 8)
     np.testing.assert_array_equal(pe[0], [0, 1, 0, 1, 0, 1, 0, 1])
+
+
+def test_sinusoidal_and_rope_share_one_set_of_frequencies():
+    from transformer_lab.positions import frequencies
+    pos = np.arange(5, 12)
+    freqs = frequencies(16)
+    np.testing.assert_array_equal(freqs, [10000.0 ** (-i / 8) for i in range(8)])
+    cos, sin = rope_angles(pos, 16)
+    pe = sinusoidal_pe(pos, 16)
+    np.testing.assert_array_equal(pe[:, 0::2], sin)
+    np.testing.assert_array_equal(pe[:, 1::2], cos)
