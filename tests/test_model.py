@@ -483,6 +483,36 @@ def test_sample_next_frequencies_follow_softmax():
     np.testing.assert_allclose(freq, e / e.sum(), atol=0.01)
 
 
+class FixedDraws:
+    """A stand-in for np.random.Generator whose random() always returns one value."""
+
+    def __init__(self, u):
+        self.u = u
+
+    def random(self, size):
+        return np.full(size, self.u)
+
+
+LARGEST_DRAW = 1.0 - 2.0 ** -53  # the largest value Generator.random returns
+
+
+def test_sample_next_never_picks_a_token_of_probability_zero():
+    # Ten equal shares sum to 0.9999999999999999 < u: the draw used to run past them
+    # onto token 10, whose logit is -inf.
+    logits = np.array([[0.0] * 10 + [-np.inf]])
+    assert sample_next(logits, rng=FixedDraws(LARGEST_DRAW))[0] == 9
+    assert sample_next(logits, rng=FixedDraws(0.0))[0] == 0
+    # Masked tokens in the middle and at both ends, under top_k too.
+    logits = np.array([[-np.inf, 1.0, -np.inf, 2.0, -np.inf, -np.inf],
+                       [3.0, 3.0, 3.0, -np.inf, -np.inf, -np.inf]])
+    for u in (0.0, 0.3, 0.5, 0.9, LARGEST_DRAW):
+        for top_k in (None, 1, 2):
+            picks = sample_next(logits, top_k=top_k, temperature=0.7, rng=FixedDraws(u))
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            assert (p[np.arange(2), picks] > 0).all(), (u, top_k, picks)
+    assert list(sample_next(logits, rng=FixedDraws(LARGEST_DRAW))) == [3, 2]
+
+
 def test_sample_next_greedy_is_argmax():
     logits = np.random.default_rng(29).normal(size=(5, 7))
     np.testing.assert_array_equal(sample_next(logits, greedy=True), logits.argmax(-1))

@@ -19,33 +19,57 @@ from .positions import apply_rope, rope_angles, sinusoidal_pe
 
 # ---------------------------------------------------------------- params layout
 
-def param_shapes(cfg: Config) -> dict:
-    """The shape of every parameter, in the nested layout init_params returns."""
+# How each parameter starts, decided here by its place in the layout, not by its name.
+ONES, ZEROS, NORMAL, RESIDUAL = "ones", "zeros", "normal", "residual"
+
+
+def _layout(cfg: Config) -> dict:
+    """The params tree with (shape, init) leaves: the one description of what params hold.
+
+    init is ONES (norm gains), ZEROS (norm and linear biases), NORMAL (matrices)
+    or RESIDUAL (the two matrices that write into the residual stream).
+    """
     d, H, G, D, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab
 
     def norm():
-        return {"weight": (d,), "bias": (d,)} if cfg.norm == "layer" else {"weight": (d,)}
+        gain = {"weight": ((d,), ONES)}
+        return {**gain, "bias": ((d,), ZEROS)} if cfg.norm == "layer" else gain
 
-    attn = {"wq": (d, H * D), "wk": (d, G * D), "wv": (d, G * D), "wo": (H * D, d)}
-    mlp = {"w_up": (d, F), "w_down": (F, d)}
+    attn = {"wq": ((d, H * D), NORMAL), "wk": ((d, G * D), NORMAL), "wv": ((d, G * D), NORMAL),
+            "wo": ((H * D, d), RESIDUAL)}
+    mlp = {"w_up": ((d, F), NORMAL), "w_down": ((F, d), RESIDUAL)}
     if cfg.mlp == "swiglu":
-        mlp["w_gate"] = (d, F)
+        mlp["w_gate"] = ((d, F), NORMAL)
     if cfg.bias:
-        attn.update(bq=(H * D,), bk=(G * D,), bv=(G * D,), bo=(d,))
-        mlp.update(b_up=(F,), b_down=(d,))
+        attn.update(bq=((H * D,), ZEROS), bk=((G * D,), ZEROS), bv=((G * D,), ZEROS),
+                    bo=((d,), ZEROS))
+        mlp.update(b_up=((F,), ZEROS), b_down=((d,), ZEROS))
         if cfg.mlp == "swiglu":
-            mlp["b_gate"] = (F,)
-    head = {} if cfg.tie_embeddings else {"w": (d, V)}
+            mlp["b_gate"] = ((F,), ZEROS)
+    head = {} if cfg.tie_embeddings else {"w": ((d, V), NORMAL)}
     if cfg.bias:
-        head["b"] = (V,)
-    shapes = {"tok_emb": (V, d)}
+        head["b"] = ((V,), ZEROS)
+    layout = {"tok_emb": ((V, d), NORMAL)}
     if cfg.pos == "learned":
-        shapes["pos_emb"] = (cfg.max_seq, d)
-    shapes["blocks"] = [{"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
+        layout["pos_emb"] = ((cfg.max_seq, d), NORMAL)
+    layout["blocks"] = [{"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
                         for _ in range(cfg.n_layers)]
-    shapes["final_norm"] = norm()
-    shapes["lm_head"] = head
-    return shapes
+    layout["final_norm"] = norm()
+    layout["lm_head"] = head
+    return layout
+
+
+def _map_leaves(fn, tree):
+    if isinstance(tree, dict):
+        return {key: _map_leaves(fn, sub) for key, sub in tree.items()}
+    if isinstance(tree, list):
+        return [_map_leaves(fn, sub) for sub in tree]
+    return fn(tree)
+
+
+def param_shapes(cfg: Config) -> dict:
+    """The shape of every parameter, in the nested layout init_params returns."""
+    return _map_leaves(lambda leaf: leaf[0], _layout(cfg))
 
 
 def init_params(cfg: Config, seed=0) -> dict:
@@ -57,19 +81,17 @@ def init_params(cfg: Config, seed=0) -> dict:
     rng = np.random.default_rng(seed)
     residual_std = 0.02 / math.sqrt(2 * cfg.n_layers)
 
-    def build(shapes, name):
-        if isinstance(shapes, dict):
-            return {key: build(value, key) for key, value in shapes.items()}
-        if isinstance(shapes, list):
-            return [build(value, name) for value in shapes]
-        if name == "weight":  # norm gains
-            return np.ones(shapes, dtype=cfg.dtype)
-        if name.startswith("b"):  # biases
-            return np.zeros(shapes, dtype=cfg.dtype)
-        std = residual_std if name in ("wo", "w_down") else 0.02
-        return rng.normal(0.0, std, size=shapes).astype(cfg.dtype)
+    def build(leaf):
+        shape, init = leaf
+        if init == ONES:
+            return np.ones(shape, dtype=cfg.dtype)
+        if init == ZEROS:
+            return np.zeros(shape, dtype=cfg.dtype)
+        std = residual_std if init == RESIDUAL else 0.02
+        return rng.normal(0.0, std, size=shape).astype(cfg.dtype)
 
-    return build(param_shapes(cfg), "")
+    # Leaves are built in layout order, so a seed gives the same params as before.
+    return _map_leaves(build, _layout(cfg))
 
 
 def named_params(tree, prefix=""):
@@ -86,17 +108,26 @@ def named_params(tree, prefix=""):
 
 
 def check_params(params, cfg: Config):
-    """Raise ValueError naming the first missing key or wrong shape (shapes only: cheap)."""
+    """Raise ValueError naming the first problem: a missing key, a key the config does not
+    have, a wrong shape, or an array whose dtype is not the config's. Shapes and dtypes
+    only, never values, so it is cheap; generate_stream runs it once per call, not per token."""
+    dtype = cfg.dtype
 
     def walk(got, want, path):
         if isinstance(want, dict):
             if not isinstance(got, dict):
-                raise ValueError(f"params{path}: expected a dict, got {type(got).__name__}")
+                raise ValueError(f"params{' ' + path if path else ''}: expected a dict, "
+                                 f"got {type(got).__name__}")
             for key, sub in want.items():
                 where = f"{path}.{key}" if path else key
                 if key not in got:
                     raise ValueError(f"params is missing {where} (config {_describe(cfg)})")
                 walk(got[key], sub, where)
+            if len(got) != len(want):
+                extra = [f"{path}.{key}" if path else str(key) for key in got if key not in want]
+                raise ValueError(
+                    f"params has {', '.join(extra)}, which the config does not have "
+                    f"(config {_describe(cfg)}, bias={cfg.bias}, tie_embeddings={cfg.tie_embeddings})")
         elif isinstance(want, list):
             if not isinstance(got, (list, tuple)) or len(got) != len(want):
                 n = len(got) if isinstance(got, (list, tuple)) else type(got).__name__
@@ -105,10 +136,14 @@ def check_params(params, cfg: Config):
                 walk(g, w, f"{path}[{i}]")
         else:
             shape = getattr(got, "shape", None)
-            if shape != want:
+            if shape != want or not isinstance(got, np.ndarray):
                 raise ValueError(
                     f"params {path} has shape {shape}, but the config needs {want} "
                     f"(config {_describe(cfg)})")
+            if got.dtype != dtype:
+                raise ValueError(
+                    f"params {path} has dtype {got.dtype}, but the config's dtype is {dtype.name}; "
+                    f"convert it with .astype(np.{dtype.name}) or use cfg.replace(dtype=...)")
 
     walk(params, param_shapes(cfg), "")
 
@@ -264,8 +299,31 @@ def loss(params, cfg: Config, tokens, targets):
 
 # ---------------------------------------------------------------- generation
 
+def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
+    """The sampling arguments, each checked by name: bad ones are a ValueError, not a
+    NumPy error (or worse, taken silently: top_k=True is not 1)."""
+    if not isinstance(greedy, (bool, np.bool_)):
+        raise ValueError(f"greedy must be True or False, got {greedy!r}")
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)) \
+            or not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, (int, np.integer))
+                              or not 1 <= top_k <= vocab):
+        raise ValueError(f"top_k must be None or an int in [1, {vocab}], got {top_k!r}")
+    if seed is not None and not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and (
+            isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+
+
 def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
-    """Pick the next token per row of logits [B, vocab]: argmax, or a sample."""
+    """Pick the next token per row of logits [B, vocab]: argmax, or a sample.
+
+    A sampled token always has probability > 0, however the uniform draw falls.
+    """
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
+    _check_sampling(greedy, temperature, top_k, logits.shape[-1])
     if greedy or temperature == 0:
         return np.argmax(logits, axis=-1)
     logits = logits.astype(np.float64) / float(temperature)
@@ -274,15 +332,38 @@ def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
         logits = np.where(logits < kth, -np.inf, logits)
     p = softmax(logits, axis=-1)
     rng = np.random.default_rng() if rng is None else rng
-    # One uniform draw per row, inverted through the cumulative distribution; `<=`
-    # skips tokens of probability 0 even when u is exactly 0.
-    u = rng.random((p.shape[0], 1))
-    return np.minimum((np.cumsum(p, axis=-1) <= u).sum(axis=-1), p.shape[-1] - 1)
+    # One uniform draw per row, inverted through the cumulative distribution: the
+    # token is the first whose running total exceeds u * total. `<=` skips tokens of
+    # probability 0 (their running total does not grow) even when u is exactly 0.
+    cumulative = np.cumsum(p, axis=-1)  # [B, V]
+    if not (cumulative[:, -1] > 0).all():
+        bad = int(np.argmin(cumulative[:, -1] > 0))
+        raise ValueError(f"sample_next: logits row {bad} gives no token a probability "
+                         f"(all -inf, or NaN)")
+    u = rng.random((p.shape[0], 1)) * cumulative[:, -1:]
+    picked = (cumulative <= u).sum(axis=-1)
+    # Rounding can leave u at the total itself (u = 1 - 2^-53 times a sum that is
+    # not exactly 1), which would run past the last token that has any probability:
+    # cap at that token.
+    last_possible = p.shape[-1] - 1 - np.argmax(p[:, ::-1] > 0, axis=-1)
+    return np.minimum(picked, last_possible)
+
+
+def _finite(logits, step):
+    """The logits, if every one is finite: NaN or inf logits mean broken params, and
+    sampling from them would quietly yield token 0 forever."""
+    if not np.isfinite(logits).all():
+        raise ValueError(f"logits at step {step} are not finite; check the params "
+                         f"(step 0 is the prompt's, step n picks new token n)")
+    return logits
 
 
 def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False,
                     temperature=1.0, top_k=None, seed=None, use_cache=True):
-    """Yield the new tokens [B] one step at a time: prefill once, then decode with the cache."""
+    """Yield the new tokens [B] one step at a time: prefill once, then decode with the cache.
+
+    Stops with a ValueError naming the step if the logits there are not finite.
+    """
     prompt = check_tokens(prompt, cfg)
     B, T = prompt.shape
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
@@ -291,10 +372,7 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
     if T + max_new_tokens > cfg.max_seq:
         raise ValueError(
             f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={cfg.max_seq}")
-    if not greedy and not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if top_k is not None and not (isinstance(top_k, (int, np.integer)) and 1 <= top_k <= cfg.vocab):
-        raise ValueError(f"top_k must be an int in [1, {cfg.vocab}], got {top_k!r}")
+    _check_sampling(greedy, temperature, top_k, cfg.vocab, seed)
     if max_new_tokens == 0:
         return
     rng = np.random.default_rng(seed)
@@ -303,14 +381,14 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
         cache = KVCache(cfg, B, T + max_new_tokens)
         logits = forward(params, cfg, prompt, cache=cache)[:, -1]  # [B, V]
         for step in range(max_new_tokens):
-            nxt = sample_next(logits, **pick)  # [B]
+            nxt = sample_next(_finite(logits, step), **pick)  # [B]
             yield nxt
             if step + 1 < max_new_tokens:
                 logits = forward(params, cfg, nxt[:, None], cache=cache)[:, -1]
     else:
         tokens = prompt
-        for _ in range(max_new_tokens):
-            nxt = sample_next(forward(params, cfg, tokens)[:, -1], **pick)
+        for step in range(max_new_tokens):
+            nxt = sample_next(_finite(forward(params, cfg, tokens)[:, -1], step), **pick)
             yield nxt
             tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
 
