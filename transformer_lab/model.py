@@ -194,6 +194,74 @@ def _linear(x, p, w, b, cfg: Config):
     return y + p[b] if cfg.bias else y
 
 
+# ---------------------------------------------------------------- packed projections
+# A decode step multiplies one row by every matrix, so each product is a short call
+# whose fixed cost shows. Products that read the same input can share one call: Q, K
+# and V of a layer, and SwiGLU's gate and up. pack_weights stores each such group as
+# one [d, sum of outs] array and puts views of its column blocks in the params under
+# the usual keys, so the layout, and every lecture script that reads it, is unchanged.
+
+QKV = ("wq", "wk", "wv")
+GATE_UP = ("w_gate", "w_up")
+
+
+def pack_weights(params, cfg: Config):
+    """Repack each layer's wq, wk, wv (and w_gate, w_up for SwiGLU) into one array per
+    group, in place; the params keep their keys and shapes, now as views. Returns params.
+
+    forward uses a packed array only while the keys still are its views, in order (see
+    _packed); replace one of them (p["wq"] = new) and that group falls back to separate
+    products. Writing into a view (p["wq"][:] = ...) writes into the packed array, so
+    nothing is ever stale.
+    """
+    check_params(params, cfg)
+    for p in params["blocks"]:
+        groups = [(p["attn"], QKV)] + ([(p["mlp"], GATE_UP)] if cfg.mlp == "swiglu" else [])
+        for group, keys in groups:
+            packed = np.concatenate([group[key] for key in keys], axis=1)  # [d, sum of outs]
+            start = 0
+            for key in keys:
+                width = group[key].shape[1]
+                group[key] = packed[:, start:start + width]  # a view: [d, width]
+                start += width
+    return params
+
+
+def _packed(group, keys):
+    """The array whose column blocks group[keys] are, in order, or None if they are not
+    (any more): each a view of that same array, starting where the previous one ended."""
+    first = group[keys[0]]
+    base = first.base
+    if not isinstance(base, np.ndarray) or base.ndim != 2 or not base.flags.c_contiguous \
+            or base.dtype != first.dtype:
+        return None
+    address = base.__array_interface__["data"][0]
+    for key in keys:
+        view = group[key]
+        if view.base is not base or view.strides != base.strides or view.shape[0] != base.shape[0] \
+                or view.__array_interface__["data"][0] != address:
+            return None
+        address += view.shape[1] * view.itemsize
+    if address != base.__array_interface__["data"][0] + base.shape[1] * base.itemsize:
+        return None  # the views do not cover the whole array
+    return base
+
+
+def _projections(x, group, keys, biases, cfg: Config):
+    """x @ group[key] (+ bias) for each key: one product if the group is packed, else one each."""
+    packed = _packed(group, keys)
+    if packed is None:
+        return [_linear(x, group, key, bias, cfg) for key, bias in zip(keys, biases)]
+    y = _matmul_rows(x, packed)  # [..., sum of outs]
+    outs, start = [], 0
+    for key, bias in zip(keys, biases):
+        width = group[key].shape[1]
+        out = y[..., start:start + width]  # [..., width], a view
+        outs.append(out + group[bias] if cfg.bias else out)
+        start += width
+    return outs
+
+
 def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, layer=0,
                     acts=None):
     """Multi-head attention on the normed stream x [B, T, d]; returns the update [B, T, d].
@@ -203,9 +271,10 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     """
     B, T, _ = x.shape
     H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q = _linear(x, a, "wq", "bq", cfg).reshape(B, T, H, D)  # [B, T, H, D]
-    k = _linear(x, a, "wk", "bk", cfg).reshape(B, T, G, D)  # [B, T, G, D]
-    v = _linear(x, a, "wv", "bv", cfg).reshape(B, T, G, D)  # [B, T, G, D]
+    q, k, v = _projections(x, a, QKV, ("bq", "bk", "bv"), cfg)
+    q = q.reshape(B, T, H, D)  # [B, T, H, D]
+    k = k.reshape(B, T, G, D)  # [B, T, G, D]
+    v = v.reshape(B, T, G, D)  # [B, T, G, D]
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     offset = 0
@@ -223,15 +292,13 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
 
 def mlp(x, m, cfg: Config, *, acts=None, layer=0):
     """The position-wise MLP: SwiGLU down(silu(x W_gate) * x W_up), or down(act(x W_up))."""
-    up = _linear(x, m, "w_up", "b_up", cfg)  # [B, T, d_ff]
     gate = None
     if cfg.mlp == "swiglu":
-        gate = _linear(x, m, "w_gate", "b_gate", cfg)  # [B, T, d_ff]
+        gate, up = _projections(x, m, GATE_UP, ("b_gate", "b_up"), cfg)  # each [B, T, d_ff]
         hidden = silu(gate) * up
-    elif cfg.mlp == "gelu":
-        hidden = gelu(up)
     else:
-        hidden = gelu_tanh(up)
+        up = _linear(x, m, "w_up", "b_up", cfg)  # [B, T, d_ff]
+        hidden = gelu(up) if cfg.mlp == "gelu" else gelu_tanh(up)
     if acts is not None:
         name = f"blocks[{layer}].mlp."
         acts.update({name + "up": up, name + "hidden": hidden})
@@ -291,9 +358,16 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
     [B,H,T,S], which cost one more pass over the scores. Without acts nothing
     extra is computed or kept.
     """
+    check_params(params, cfg)
+    return _forward_unchecked(params, cfg, tokens, causal, use_rope, cache, acts)
+
+
+def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
+                       acts=None):
+    """forward without check_params, for loops that checked the params once before starting
+    (generate_stream): the check walks every array, about 0.8 ms on SmolLM2, per step."""
     if acts is not None and not isinstance(acts, dict):
         raise ValueError(f"acts must be a dict (or None), got {type(acts).__name__}")
-    check_params(params, cfg)
     start = 0
     if cache is not None:
         if not isinstance(cache, KVCache):
@@ -416,22 +490,25 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
         raise ValueError(
             f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={cfg.max_seq}")
     _check_sampling(greedy, temperature, top_k, cfg.vocab, seed)
+    # The params are checked once here, not by every forward below: a step changes
+    # only the cache and the tokens, which forward still checks.
+    check_params(params, cfg)
     if max_new_tokens == 0:
         return
     rng = np.random.default_rng(seed)
     pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, rng=rng)
     if use_cache:
         cache = KVCache(cfg, B, T + max_new_tokens)
-        logits = forward(params, cfg, prompt, cache=cache)[:, -1]  # [B, V]
+        logits = _forward_unchecked(params, cfg, prompt, cache=cache)[:, -1]  # [B, V]
         for step in range(max_new_tokens):
             nxt = sample_next(_finite(logits, step), **pick)  # [B]
             yield nxt
             if step + 1 < max_new_tokens:
-                logits = forward(params, cfg, nxt[:, None], cache=cache)[:, -1]
+                logits = _forward_unchecked(params, cfg, nxt[:, None], cache=cache)[:, -1]
     else:
         tokens = prompt
         for step in range(max_new_tokens):
-            nxt = sample_next(_finite(forward(params, cfg, tokens)[:, -1], step), **pick)
+            nxt = sample_next(_finite(_forward_unchecked(params, cfg, tokens)[:, -1], step), **pick)
             yield nxt
             tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
 
