@@ -7,6 +7,7 @@ built on it. Weights multiply on the right, x @ W with W [in, out].
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -205,45 +206,48 @@ QKV = ("wq", "wk", "wv")
 GATE_UP = ("w_gate", "w_up")
 
 
+# id(packed array) -> (weak reference to it, weak references to the views pack_weights
+# put in the params, in key order). Weak, so that dropping the params frees everything;
+# the entry goes when the packed array does.
+_PACKS = {}
+
+
 def pack_weights(params, cfg: Config):
     """Repack each layer's wq, wk, wv (and w_gate, w_up for SwiGLU) into one array per
     group, in place; the params keep their keys and shapes, now as views. Returns params.
 
-    forward uses a packed array only while the keys still are its views, in order (see
-    _packed); replace one of them (p["wq"] = new) and that group falls back to separate
-    products. Writing into a view (p["wq"][:] = ...) writes into the packed array, so
-    nothing is ever stale.
+    forward uses a packed array only while the params still hold the very views made
+    here (see _packed); replace one of them (p["wq"] = new) and that group falls back
+    to separate products. Writing into a view (p["wq"][:] = ...) writes into the
+    packed array, so nothing is ever stale.
     """
     check_params(params, cfg)
     for p in params["blocks"]:
         groups = [(p["attn"], QKV)] + ([(p["mlp"], GATE_UP)] if cfg.mlp == "swiglu" else [])
         for group, keys in groups:
             packed = np.concatenate([group[key] for key in keys], axis=1)  # [d, sum of outs]
-            start = 0
+            views, start = [], 0
             for key in keys:
                 width = group[key].shape[1]
                 group[key] = packed[:, start:start + width]  # a view: [d, width]
+                views.append(weakref.ref(group[key]))
                 start += width
+            _PACKS[id(packed)] = (weakref.ref(packed), tuple(views))
+            weakref.finalize(packed, _PACKS.pop, id(packed), None)
     return params
 
 
 def _packed(group, keys):
-    """The array whose column blocks group[keys] are, in order, or None if they are not
-    (any more): each a view of that same array, starting where the previous one ended."""
-    first = group[keys[0]]
-    base = first.base
-    if not isinstance(base, np.ndarray) or base.ndim != 2 or not base.flags.c_contiguous \
-            or base.dtype != first.dtype:
+    """The packed array behind group[keys], or None once any of them is not the view
+    pack_weights made (replaced by a lecture, copied, ...). Identity checks only: this
+    runs twice per layer in every decode step."""
+    base = group[keys[0]].base
+    entry = _PACKS.get(id(base))
+    if entry is None or entry[0]() is not base:
         return None
-    address = base.__array_interface__["data"][0]
-    for key in keys:
-        view = group[key]
-        if view.base is not base or view.strides != base.strides or view.shape[0] != base.shape[0] \
-                or view.__array_interface__["data"][0] != address:
+    for key, view in zip(keys, entry[1]):
+        if group[key] is not view():
             return None
-        address += view.shape[1] * view.itemsize
-    if address != base.__array_interface__["data"][0] + base.shape[1] * base.itemsize:
-        return None  # the views do not cover the whole array
     return base
 
 
