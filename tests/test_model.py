@@ -9,6 +9,7 @@ from transformer_lab import (TINY, TINY_GPT2, KVCache, check_params, forward, ge
                              gpt2_config, init_params, llama_config, loss, named_params, pack_weights,
                              param_shapes, sample_next)
 from transformer_lab import model as tl_model
+from reference import ref_forward, ref_loss
 
 # A float32 Llama-style config (GQA, RoPE) and a few position variants in float64.
 TINY_F32 = llama_config(vocab=48, d_model=32, n_heads=4, n_kv_heads=1, n_layers=2, d_ff=48,
@@ -208,85 +209,7 @@ def test_nopos_first_position_same_as_rope():
                                rtol=0, atol=1e-14)
 
 
-# ------------------------------------------------------------------ independent reference forward
-
-_erf = np.vectorize(math.erf)
-
-
-def ref_forward(params, cfg, tokens, causal=True):
-    """The whole model written out again, head by head, with textbook formulas."""
-    tokens = np.asarray(tokens)
-    B, T = tokens.shape
-    d, H, G, D = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    p = {k: v for k, v in params.items()}
-    f64 = lambda a: np.asarray(a, dtype=np.float64)
-
-    def norm(x, w):
-        if cfg.norm == "layer":
-            mu = x.mean(-1, keepdims=True)
-            var = ((x - mu) ** 2).mean(-1, keepdims=True)
-            return (x - mu) / np.sqrt(var + cfg.norm_eps) * f64(w["weight"]) + f64(w["bias"])
-        return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.norm_eps) * f64(w["weight"])
-
-    def lin(x, layer, w, b):
-        y = x @ f64(layer[w])
-        return y + f64(layer[b]) if b in layer else y
-
-    def angle(pos, i):
-        return pos * cfg.rope_base ** (-2.0 * i / D)
-
-    def rope(v):  # v [B, T, heads, D], rotate pair (2i, 2i+1) at position t
-        out = v.copy()
-        for t in range(T):
-            for i in range(D // 2):
-                c, s_ = math.cos(angle(t, i)), math.sin(angle(t, i))
-                e, o = v[:, t, :, 2 * i], v[:, t, :, 2 * i + 1]
-                out[:, t, :, 2 * i], out[:, t, :, 2 * i + 1] = c * e - s_ * o, s_ * e + c * o
-        return out
-
-    x = f64(p["tok_emb"])[tokens]
-    if cfg.pos == "learned":
-        x = x + f64(p["pos_emb"])[:T]
-    elif cfg.pos == "sinusoidal":
-        pe = np.zeros((T, d))
-        for t in range(T):
-            for c in range(d):
-                a = t * 10000.0 ** (-2.0 * (c // 2) / d)
-                pe[t, c] = math.sin(a) if c % 2 == 0 else math.cos(a)
-        x = x + pe
-    for blk in p["blocks"]:
-        a = blk["attn"]
-        h = norm(x, blk["attn_norm"])
-        q = lin(h, a, "wq", "bq").reshape(B, T, H, D)
-        k = lin(h, a, "wk", "bk").reshape(B, T, G, D)
-        v = lin(h, a, "wv", "bv").reshape(B, T, G, D)
-        if cfg.pos == "rope":
-            q, k = rope(q), rope(k)
-        heads = []
-        for hd in range(H):
-            g = hd // (H // G)
-            scores = np.einsum("btd,bsd->bts", q[:, :, hd], k[:, :, g]) / math.sqrt(D)
-            if causal:
-                scores = scores + np.triu(np.full((T, T), -1e300), k=1)
-            w = np.exp(scores - scores.max(-1, keepdims=True))
-            w = w / w.sum(-1, keepdims=True)
-            heads.append(w @ v[:, :, g])
-        x = x + lin(np.concatenate(heads, axis=-1), a, "wo", "bo")
-        m = blk["mlp"]
-        h = norm(x, blk["mlp_norm"])
-        up = lin(h, m, "w_up", "b_up")
-        if cfg.mlp == "swiglu":
-            gate = lin(h, m, "w_gate", "b_gate")
-            hidden = gate / (1.0 + np.exp(-gate)) * up
-        elif cfg.mlp == "gelu":
-            hidden = up * 0.5 * (1.0 + _erf(up / math.sqrt(2.0)))
-        else:
-            hidden = 0.5 * up * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (up + 0.044715 * up ** 3)))
-        x = x + lin(hidden, m, "w_down", "b_down")
-    x = norm(x, p["final_norm"])
-    w_out = f64(p["tok_emb"]).T if cfg.tie_embeddings else f64(p["lm_head"]["w"])
-    logits = x @ w_out
-    return logits + f64(p["lm_head"]["b"]) if "b" in p["lm_head"] else logits
+# ------------------------------------------------------------------ against the reference forward (tests/reference.py)
 
 
 def _perturbed(params, seed):
@@ -520,18 +443,6 @@ def test_sample_next_greedy_is_argmax():
 
 
 # ------------------------------------------------------------------ loss
-
-def ref_loss(logits, targets):
-    B, T, V = logits.shape
-    total = []
-    for b in range(B):
-        for t in range(T):
-            row = [float(v) for v in logits[b, t]]
-            m = max(row)
-            lse = m + math.log(math.fsum(math.exp(v - m) for v in row))
-            total.append(lse - row[int(targets[b, t])])
-    return math.fsum(total) / len(total)
-
 
 @pytest.mark.parametrize("cfg", [TINY, TINY_GPT2], ids=["tiny", "gpt2"])
 def test_loss_equals_hand_computed_cross_entropy(cfg):

@@ -1,7 +1,7 @@
 """ops.py: softmax, log_softmax, layer_norm, rms_norm, erf, gelu, gelu_tanh, silu.
 
-Every function is checked against an independent scalar reference written here
-with the math module, in Python loops.
+Every function is checked against an independent scalar reference written with
+the math module, in Python loops (tests/reference.py).
 """
 import math
 import warnings
@@ -9,67 +9,11 @@ import warnings
 import numpy as np
 import pytest
 
+from reference import (ref_gelu_erf, ref_gelu_erfc, ref_gelu_tanh, ref_layer_norm, ref_rms_norm,
+                       ref_softmax, ref_softmax_row)
+
 from transformer_lab import erf, gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
 from transformer_lab.ops import erfc
-
-SQRT2 = math.sqrt(2.0)
-
-
-# ------------------------------------------------------------------ references
-
-def ref_softmax_row(row):
-    row = [float(v) for v in row]
-    m = max(row)
-    if m == -math.inf:
-        return [0.0] * len(row)
-    e = [math.exp(v - m) for v in row]
-    s = math.fsum(e)
-    return [v / s for v in e]
-
-
-def ref_softmax(x, axis=-1):
-    x = np.asarray(x, dtype=np.float64)
-    moved = np.moveaxis(x, axis, -1)
-    out = np.empty_like(moved)
-    for idx in np.ndindex(moved.shape[:-1]):
-        out[idx] = ref_softmax_row(moved[idx])
-    return np.moveaxis(out, -1, axis)
-
-
-def ref_gelu_erf(x):
-    return x * 0.5 * (1.0 + math.erf(x / SQRT2))
-
-
-def ref_gelu_erfc(x):
-    # The same function, written so that the negative tail keeps full relative precision.
-    return x * 0.5 * math.erfc(-x / SQRT2)
-
-
-def ref_gelu_tanh(x):
-    return 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def ref_layer_norm(x, w, b, eps):
-    x = np.asarray(x, dtype=np.float64)
-    out = np.empty_like(x)
-    for idx in np.ndindex(x.shape[:-1]):
-        row = [float(v) for v in x[idx]]
-        n = len(row)
-        mean = math.fsum(row) / n
-        var = math.fsum((v - mean) ** 2 for v in row) / n
-        out[idx] = [(v - mean) / math.sqrt(var + eps) * float(w[j]) + float(b[j])
-                    for j, v in enumerate(row)]
-    return out
-
-
-def ref_rms_norm(x, w, eps):
-    x = np.asarray(x, dtype=np.float64)
-    out = np.empty_like(x)
-    for idx in np.ndindex(x.shape[:-1]):
-        row = [float(v) for v in x[idx]]
-        rms = math.sqrt(math.fsum(v * v for v in row) / len(row) + eps)
-        out[idx] = [v / rms * float(w[j]) for j, v in enumerate(row)]
-    return out
 
 
 def _no_warnings():
