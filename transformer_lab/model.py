@@ -6,6 +6,7 @@ built on it. Weights multiply on the right, x @ W with W [in, out].
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -71,6 +72,12 @@ def _map_leaves(fn, tree):
 def param_shapes(cfg: Config) -> dict:
     """The shape of every parameter, in the nested layout init_params returns."""
     return _map_leaves(lambda leaf: leaf[0], _layout(cfg))
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes_for_checking(cfg: Config) -> dict:
+    """param_shapes, built once per config for check_params, which only reads it."""
+    return param_shapes(cfg)
 
 
 def init_params(cfg: Config, seed=0) -> dict:
@@ -146,7 +153,7 @@ def check_params(params, cfg: Config):
                     f"params {path} has dtype {got.dtype}, but the config's dtype is {dtype.name}; "
                     f"convert it with .astype(np.{dtype.name}) or use cfg.replace(dtype=...)")
 
-    walk(params, param_shapes(cfg), "")
+    walk(params, _shapes_for_checking(cfg), "")
 
 
 def _describe(cfg):
