@@ -112,6 +112,22 @@ def test_residual_projections_are_scaled_down():
     assert ratio == pytest.approx(1 / math.sqrt(2 * cfg.n_layers), rel=0.05)
 
 
+@pytest.mark.parametrize("cfg", [TINY, TINY_GPT2, TINY.replace(bias=True)], ids=["tiny", "gpt2", "llama_bias"])
+def test_init_decides_each_leaf_by_its_place_in_the_layout(cfg):
+    params = init_params(cfg, seed=3)
+    biases = {"bq", "bk", "bv", "bo", "b_up", "b_down", "b_gate", "b"}
+    for name, a in leaves(params):
+        key = name.split(".")[-1]
+        if key == "weight":  # norm gains
+            assert (a == 1).all(), name
+        elif key == "bias" or key in biases:  # norm and linear biases
+            assert (a == 0).all(), name
+        else:
+            assert a.ndim == 2 and 0.001 < a.std() < 0.03, name
+    if cfg.bias:  # every linear bias of the layout is there, and zero
+        assert {name.split(".")[-1] for name, _ in leaves(params)} >= biases - {"b_gate"}
+
+
 def test_init_same_seed_identical_different_seed_differs():
     a = dict(leaves(init_params(TINY, seed=5)))
     b = dict(leaves(init_params(TINY, seed=5)))
