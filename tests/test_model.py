@@ -112,7 +112,8 @@ def test_residual_projections_are_scaled_down():
     assert ratio == pytest.approx(1 / math.sqrt(2 * cfg.n_layers), rel=0.05)
 
 
-@pytest.mark.parametrize("cfg", [TINY, TINY_GPT2, TINY.replace(bias=True)], ids=["tiny", "gpt2", "llama_bias"])
+@pytest.mark.parametrize("cfg", [TINY, TINY_GPT2, TINY.replace(bias=True)],
+                         ids=["tiny", "gpt2", "llama_bias"])
 def test_init_decides_each_leaf_by_its_place_in_the_layout(cfg):
     params = init_params(cfg, seed=3)
     biases = {"bq", "bk", "bv", "bo", "b_up", "b_down", "b_gate", "b"}

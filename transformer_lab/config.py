@@ -125,5 +125,6 @@ def gpt2_config(**fields) -> Config:
 
 
 def llama_config(**fields) -> Config:
-    """A Llama-style config (RMSNorm, SwiGLU, RoPE, no biases, untied head); any field can be overridden."""
+    """A Llama-style config (RMSNorm, SwiGLU, RoPE, no biases, untied head);
+    any field can be overridden."""
     return _family_config("llama", fields)

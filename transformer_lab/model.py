@@ -135,7 +135,8 @@ def check_params(params, cfg: Config):
                 extra = [f"{path}.{key}" if path else str(key) for key in got if key not in want]
                 raise ValueError(
                     f"params has {', '.join(extra)}, which the config does not have "
-                    f"(config {_describe(cfg)}, bias={cfg.bias}, tie_embeddings={cfg.tie_embeddings})")
+                    f"(config {_describe(cfg)}, bias={cfg.bias}, "
+                    f"tie_embeddings={cfg.tie_embeddings})")
         elif isinstance(want, list):
             if not isinstance(got, (list, tuple)) or len(got) != len(want):
                 n = len(got) if isinstance(got, (list, tuple)) else type(got).__name__
@@ -430,16 +431,19 @@ def loss(params, cfg: Config, tokens, targets):
 def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
     """The sampling arguments, each checked by name: bad ones are a ValueError, not a
     NumPy error (or worse, taken silently: top_k=True is not 1)."""
-    if not isinstance(greedy, (bool, np.bool_)):
+    boolean = (bool, np.bool_)
+    if not isinstance(greedy, boolean):
         raise ValueError(f"greedy must be True or False, got {greedy!r}")
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)) \
+    number = (int, float, np.integer, np.floating)
+    if isinstance(temperature, boolean) or not isinstance(temperature, number) \
             or not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, (int, np.integer))
+    if top_k is not None and (isinstance(top_k, boolean) or not isinstance(top_k, (int, np.integer))
                               or not 1 <= top_k <= vocab):
         raise ValueError(f"top_k must be None or an int in [1, {vocab}], got {top_k!r}")
-    if seed is not None and not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and (
-            isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0):
+    generator = (np.random.Generator, np.random.SeedSequence)
+    if seed is not None and not isinstance(seed, generator) and (
+            isinstance(seed, boolean) or not isinstance(seed, (int, np.integer)) or seed < 0):
         raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
 
 

@@ -41,7 +41,8 @@ def _with_limits(x, axis):
     m = np.max(x, axis=axis, keepdims=True)
     inf_rows = np.isposinf(m)
     if inf_rows.any():
-        x = np.where(inf_rows, np.where(np.isposinf(x), 0.0, -np.inf), x).astype(x.dtype, copy=False)
+        limit = np.where(np.isposinf(x), 0.0, -np.inf)
+        x = np.where(inf_rows, limit, x).astype(x.dtype, copy=False)
         m = np.where(inf_rows, 0, m).astype(m.dtype, copy=False)
     return x, m
 
