@@ -513,8 +513,9 @@ def test_named_params_names_leaves_as_errors_do():
 # GQA + SwiGLU + no bias, and MHA + GELU + biases: both groups, with and without biases.
 PACK_CFGS = [TINY, TINY_GPT2.replace(tie_embeddings=False), TINY_F32,
              llama_config(vocab=40, d_model=24, n_heads=6, n_kv_heads=2, n_layers=2, d_ff=40,
-                          max_seq=32, bias=True, dtype=np.float64)]
-PACK_IDS = ["tiny", "gpt2", "f32", "llama_bias"]
+                          max_seq=32, bias=True, dtype=np.float64),
+             TINY_F32.replace(tie_embeddings=True), TINY_GPT2]
+PACK_IDS = ["tiny", "gpt2", "f32", "llama_bias", "f32_tied", "gpt2_tied"]
 
 
 def copied(params):
@@ -552,6 +553,9 @@ def test_pack_weights_keeps_the_layout_and_the_values(cfg):
         gate_up = tl_model._packed(block["mlp"], tl_model.GATE_UP) if cfg.mlp == "swiglu" else None
         assert (gate_up is not None) == (cfg.mlp == "swiglu")
     assert all(tl_model._packed(b["attn"], tl_model.QKV) is None for b in plain["blocks"])
+    # a tied head's tok_emb turns column-major, so tok_emb.T is a row-major [d, vocab]
+    assert packed["tok_emb"].flags.f_contiguous == cfg.tie_embeddings
+    assert packed["tok_emb"].T.flags.c_contiguous == cfg.tie_embeddings
 
 
 @pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)

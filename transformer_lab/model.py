@@ -209,6 +209,8 @@ def _linear(x, p, w, b, cfg: Config):
 # and V of a layer, and SwiGLU's gate and up. pack_weights stores each such group as
 # one [d, sum of outs] array and puts views of its column blocks in the params under
 # the usual keys, so the layout, and every lecture script that reads it, is unchanged.
+# A tied head reads tok_emb.T, [d, vocab]; pack_weights stores tok_emb column-major so
+# that this product streams a C-ordered [d, vocab] array, as every other product does.
 
 QKV = ("wq", "wk", "wv")
 GATE_UP = ("w_gate", "w_up")
@@ -222,7 +224,9 @@ _PACKS = {}
 
 def pack_weights(params, cfg: Config):
     """Repack each layer's wq, wk, wv (and w_gate, w_up for SwiGLU) into one array per
-    group, in place; the params keep their keys and shapes, now as views. Returns params.
+    group, in place; the params keep their keys and shapes, now as views. With a tied
+    head, tok_emb becomes column-major (the same [vocab, d] values), so that the head's
+    product, by tok_emb.T, reads a row-major matrix. Returns params.
 
     forward uses a packed array only while the params still hold the very views made
     here (see _packed); replace one of them (p["wq"] = new) and that group falls back
@@ -242,6 +246,11 @@ def pack_weights(params, cfg: Config):
                 start += width
             _PACKS[id(packed)] = (weakref.ref(packed), tuple(views))
             weakref.finalize(packed, _PACKS.pop, id(packed), None)
+    if cfg.tie_embeddings:
+        # x @ tok_emb.T with tok_emb row-major is a transposed matrix-vector product,
+        # which OpenBLAS runs up to 2x slower than the plain one on the same bytes; the
+        # lookup tok_emb[tokens] gathers a few rows and hardly notices the order.
+        params["tok_emb"] = np.asfortranarray(params["tok_emb"])
     return params
 
 
