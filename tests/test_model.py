@@ -638,3 +638,24 @@ def test_packed_params_are_freed_with_their_params():
     del packed
     gc.collect()
     assert len(tl_model._PACKS) == before
+
+
+# ------------------------------------------------------------------ biases follow the config
+
+def test_biases_follow_cfg_bias_not_the_keys_present():
+    # The blocks' functions, called directly as a lecture does, add a bias when the
+    # config has biases, whatever else the dict holds; forward refuses the extra keys.
+    cfg = TINY
+    params = init_params(cfg, seed=90)
+    x = np.random.default_rng(91).normal(size=(1, 3, cfg.d_model))
+    attn = dict(params["blocks"][0]["attn"])
+    mlp = dict(params["blocks"][0]["mlp"])
+    want_attn = tl_model.attention_block(x, attn, cfg)
+    want_mlp = tl_model.mlp(x, mlp, cfg)
+    attn.update(bq=np.ones(cfg.d_model), bk=np.ones(16), bv=np.ones(16), bo=np.ones(cfg.d_model))
+    mlp.update(b_up=np.ones(cfg.d_ff), b_gate=np.ones(cfg.d_ff), b_down=np.ones(cfg.d_model))
+    np.testing.assert_array_equal(tl_model.attention_block(x, attn, cfg), want_attn)
+    np.testing.assert_array_equal(tl_model.mlp(x, mlp, cfg), want_mlp)
+    biased = cfg.replace(bias=True)
+    assert not np.allclose(tl_model.attention_block(x, attn, biased), want_attn)
+    assert not np.allclose(tl_model.mlp(x, mlp, biased), want_mlp)
