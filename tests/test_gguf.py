@@ -20,7 +20,7 @@ from tiny_gguf import (MERGES, SPECIALS, TENSOR_TYPES, TOKENS, TYPES,  # noqa: E
 
 from transformer_lab import (BPETokenizer, find_model, forward, init_params, named_params,  # noqa: E402
                              llama_config, load_gguf)
-from transformer_lab import gguf_loader  # noqa: E402
+from transformer_lab import gguf_loader, model  # noqa: E402
 from transformer_lab.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL  # noqa: E402
 
 
@@ -105,6 +105,10 @@ def test_loaded_projections_are_packed(model_file):
         assert mlp["w_gate"].base is mlp["w_up"].base
         assert mlp["w_up"].base.shape == (cfg.d_model, 2 * cfg.d_ff)
         assert attn["wo"].base is None and mlp["w_down"].base is None
+        # dequantized straight into the packed arrays, which forward then uses
+        assert model._packed(attn, model.QKV) is qkv
+        assert model._packed(mlp, model.GATE_UP) is mlp["w_up"].base
+    assert loaded["tok_emb"].flags.f_contiguous  # tied head: tok_emb.T is row-major
 
 
 def test_all_f32_file_loads_exactly_and_forwards_the_same(tiny):

@@ -630,6 +630,29 @@ def test_only_the_views_pack_weights_made_count_as_packed():
                                rtol=1e-12, atol=1e-12)
 
 
+def test_pack_weights_adopts_arrays_that_are_already_packed():
+    # A loader can fill packed_layout's arrays and let pack_weights register them: no copy.
+    cfg = TINY.replace(tie_embeddings=True)
+    plain = init_params(cfg, seed=81)
+    targets = tl_model.packed_layout(cfg)
+    params = copied(plain)
+    for keys, target in targets.items():
+        node = params
+        for k in keys[:-1]:
+            node = node[k]
+        np.copyto(target, node[keys[-1]])
+        node[keys[-1]] = target
+    bases = [b["attn"]["wq"].base for b in params["blocks"]]
+    embedding = params["tok_emb"]
+    pack_weights(params, cfg)
+    assert [b["attn"]["wq"].base for b in params["blocks"]] == bases  # the same arrays
+    assert params["tok_emb"] is embedding and embedding.flags.f_contiguous
+    assert all(tl_model._packed(b["attn"], tl_model.QKV) is not None for b in params["blocks"])
+    toks = tokens_for(cfg, 1, 5, 82)
+    np.testing.assert_allclose(forward(params, cfg, toks), forward(plain, cfg, toks),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_packed_params_are_freed_with_their_params():
     import gc
     before = len(tl_model._PACKS)

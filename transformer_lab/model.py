@@ -237,21 +237,63 @@ def pack_weights(params, cfg: Config):
     for p in params["blocks"]:
         groups = [(p["attn"], QKV)] + ([(p["mlp"], GATE_UP)] if cfg.mlp == "swiglu" else [])
         for group, keys in groups:
-            packed = np.concatenate([group[key] for key in keys], axis=1)  # [d, sum of outs]
-            views, start = [], 0
-            for key in keys:
-                width = group[key].shape[1]
-                group[key] = packed[:, start:start + width]  # a view: [d, width]
-                views.append(weakref.ref(group[key]))
-                start += width
-            _PACKS[id(packed)] = (weakref.ref(packed), tuple(views))
-            weakref.finalize(packed, _PACKS.pop, id(packed), None)
+            packed = _tiled(group, keys)  # already column blocks of one array (load_gguf)?
+            if packed is None:
+                packed = np.concatenate([group[key] for key in keys], axis=1)  # [d, sum of outs]
+                start = 0
+                for key in keys:
+                    width = group[key].shape[1]
+                    group[key] = packed[:, start:start + width]  # a view: [d, width]
+                    start += width
+            if _packed(group, keys) is None:
+                views = tuple(weakref.ref(group[key]) for key in keys)
+                _PACKS[id(packed)] = (weakref.ref(packed), views)
+                weakref.finalize(packed, _PACKS.pop, id(packed), None)
     if cfg.tie_embeddings:
         # x @ tok_emb.T with tok_emb row-major is a transposed matrix-vector product,
         # which OpenBLAS runs up to 2x slower than the plain one on the same bytes; the
         # lookup tok_emb[tokens] gathers a few rows and hardly notices the order.
         params["tok_emb"] = np.asfortranarray(params["tok_emb"])
     return params
+
+
+def _tiled(group, keys):
+    """The row-major array whose column blocks group[keys] are, in order and covering it
+    whole, or None. Reads array addresses: for pack_weights, not for every step."""
+    base = group[keys[0]].base
+    if not isinstance(base, np.ndarray) or base.ndim != 2 or not base.flags.c_contiguous:
+        return None
+    address = base.__array_interface__["data"][0]
+    for key in keys:
+        view = group[key]
+        if view.base is not base or view.dtype != base.dtype or view.strides != base.strides \
+                or view.shape[0] != base.shape[0] or view.__array_interface__["data"][0] != address:
+            return None
+        address += view.shape[1] * view.itemsize
+    if address != base.__array_interface__["data"][0] + base.shape[1] * base.itemsize:
+        return None
+    return base
+
+
+def packed_layout(cfg: Config) -> dict:
+    """Empty arrays for what pack_weights makes, for a loader to fill in place: key path
+    ("blocks", i, group, key) -> a view into its layer's packed array, and ("tok_emb",) ->
+    a column-major array when the head is tied. Filling these and then calling
+    pack_weights packs without a second copy of the weights."""
+    shapes = param_shapes(cfg)
+    out = {}
+    for i, block in enumerate(shapes["blocks"]):
+        groups = [("attn", QKV)] + ([("mlp", GATE_UP)] if cfg.mlp == "swiglu" else [])
+        for name, keys in groups:
+            widths = [block[name][key][1] for key in keys]
+            packed = np.empty((cfg.d_model, sum(widths)), dtype=cfg.dtype)  # [d, sum of outs]
+            start = 0
+            for key, width in zip(keys, widths):
+                out[("blocks", i, name, key)] = packed[:, start:start + width]
+                start += width
+    if cfg.tie_embeddings:
+        out[("tok_emb",)] = np.empty(shapes["tok_emb"], dtype=cfg.dtype, order="F")
+    return out
 
 
 def _packed(group, keys):
