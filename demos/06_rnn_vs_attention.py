@@ -346,5 +346,52 @@ def render(result, lang="zh"):
     print_observations(observations(result, lang))
 
 
+FIG_TEXT = {
+    "zh": {"title": "FLOPs 与实测用时（d = {d}）", "n": "序列长度 n", "flops": "FLOPs",
+           "time": "实测用时", "rnn": "RNN 4nd²", "core": "注意力核心 4n²d",
+           "loop": "RNN 逐步循环", "matmul": "同样的 FLOPs，一次矩阵乘",
+           "attention": "因果注意力", "crossover": "n = d = {d}",
+           "flops_title": "计算量：n > d 后注意力更多", "time_title": "用时：这台机器上实测（{r} 次取最好）"},
+    "en": {"title": "FLOPs and measured time (d = {d})", "n": "sequence length n",
+           "flops": "FLOPs", "time": "measured time", "rnn": "RNN 4nd²",
+           "core": "attention core 4n²d", "loop": "RNN, step by step",
+           "matmul": "same FLOPs, one matmul", "attention": "causal attention",
+           "crossover": "n = d = {d}", "flops_title": "Work: attention does more once n > d",
+           "time_title": "Time measured on this machine (best of {r})"},
+}
+
+
+def figures(result, lang="zh"):
+    """FLOPs and measured time against n, log-log, the FLOP crossover n = d marked on both."""
+    from _figures import label_axis, mark_x, new_figure, set_ticks
+    t = FIG_TEXT[lang]
+    d = result["d"]
+    fig, (ax_f, ax_t) = new_figure(ncols=2, size=(11, 4.8))
+    fl = result["flops"]
+    ns = [r["n"] for r in fl]
+    ax_f.plot(ns, [r["rnn"] for r in fl], "o-", label=t["rnn"], gid="rnn")
+    ax_f.plot(ns, [r["attention_core"] for r in fl], "s-", label=t["core"], gid="attention_core")
+    ax_f.set_ylabel(t["flops"])
+    ax_f.set_title(t["flops_title"])
+    tm = result["timings"]
+    ns_t = [m["n"] for m in tm]
+    for key, marker, name in (("loop_s", "o-", "loop"), ("matmul_s", "^-", "matmul"),
+                              ("attention_s", "s-", "attention")):
+        ax_t.plot(ns_t, [m[key] for m in tm], marker, label=t[name], gid=key)
+    ax_t.set_ylabel(t["time"])
+    ax_t.set_title(t["time_title"].format(r=result["repeats"]))
+    for ax in (ax_f, ax_t):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        set_ticks(ax, ns + ns_t)  # both panels over the same n, so they line up
+        ax.set_xlabel(t["n"])
+        mark_x(ax, d, t["crossover"].format(d=d))
+        ax.legend()
+    label_axis(ax_f.yaxis, "count")
+    label_axis(ax_t.yaxis, "seconds")
+    fig.suptitle(t["title"].format(d=d))
+    return {"flops_time": fig}
+
+
 if __name__ == "__main__":
     sys.exit(_common.run_demo(sys.modules[__name__]))
