@@ -351,7 +351,8 @@ FIG_TEXT = {
            "time": "实测用时", "rnn": "RNN 4nd²", "core": "注意力核心 4n²d",
            "loop": "RNN 逐步循环", "matmul": "同样的 FLOPs，一次矩阵乘",
            "attention": "因果注意力", "crossover": "n = d = {d}",
-           "flops_title": "计算量：n > d 后注意力更多", "time_title": "用时：这台机器上实测（{r} 次取最好）"},
+           "flops_title": "计算量：n > d 后注意力更多",
+           "time_title": "用时：这台机器上实测（{r} 次取最好）"},
     "en": {"title": "FLOPs and measured time (d = {d})", "n": "sequence length n",
            "flops": "FLOPs", "time": "measured time", "rnn": "RNN 4nd²",
            "core": "attention core 4n²d", "loop": "RNN, step by step",
@@ -387,7 +388,7 @@ def figures(result, lang="zh"):
         ax.set_xlabel(t["n"])
         mark_x(ax, d, t["crossover"].format(d=d))
         ax.legend()
-    label_axis(ax_f.yaxis, "count")
+    label_axis(ax_f.yaxis, "count", subs=(1.0,))  # four decades: one label each
     label_axis(ax_t.yaxis, "seconds")
     fig.suptitle(t["title"].format(d=d))
     return {"flops_time": fig}

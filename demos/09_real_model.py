@@ -663,5 +663,64 @@ def render(result, lang="zh"):
     print_observations(observations(result, lang))
 
 
+FIG_TEXT = {
+    "zh": {"head_title": "第 {l} 层第 {h} 个头：看前一个 token（t−1 平均权重 {s}）",
+           "query": "查询", "key": "键", "weight": "注意力权重",
+           "decode_title": "解码每步用时：实测 vs 内存下界与算力下界", "batch": "batch 大小 B",
+           "step": "每步用时", "measured": "实测（{s} 步的中位数）",
+           "mem_bound": "内存下界：读一遍 {b}B 权重", "comp_bound": "算力下界：B × {f}FLOP"},
+    "en": {"head_title": "Layer {l}, head {h}: a previous-token head (mean weight on t−1: {s})",
+           "query": "query", "key": "key", "weight": "attention weight",
+           "decode_title": "Decode time per step against the memory and compute bounds",
+           "batch": "batch size B", "step": "time per step",
+           "measured": "measured (median of {s} steps)",
+           "mem_bound": "memory bound: read {b}B of weights once",
+           "comp_bound": "compute bound: B × {f}FLOP"},
+}
+
+
+def figures(result, lang="zh"):
+    """The best previous-token head with its tokens, and decode time against its two bounds."""
+    if not result.get("available"):
+        return {}  # render() already says how to install the model
+    from _figures import heatmap, label_axis, new_figure, seconds, set_ticks
+    t = FIG_TEXT[lang]
+    hd, dec = result["heads"], result["decode"]
+    out = {}
+
+    best, win = hd["top"][0], hd["window"]
+    fig, ax = new_figure(size=(8, 7))
+    heatmap(ax, win["weights"], win["labels"], win["labels"], colorbar_label=t["weight"],
+            mask_above_diagonal=True, x_rotation=45)
+    ax.set_xlabel(t["key"])
+    ax.set_ylabel(t["query"])
+    ax.set_title(t["head_title"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.2f}"))
+    out["previous_token_head"] = fig
+
+    batches = [b["batch"] for b in dec["batches"]]
+    fig, ax = new_figure()
+    ax.plot(batches, [b["median_s"] for b in dec["batches"]], "o-", linewidth=2.5, markersize=8,
+            label=t["measured"].format(s=dec["steps"]), gid="measured")
+    for b in dec["batches"]:
+        ax.annotate(seconds(b["median_s"]), (b["batch"], b["median_s"]), xytext=(0, 9),
+                    textcoords="offset points", ha="center")
+    # The weights are read once per step whatever B is; the arithmetic grows with B.
+    ax.plot(batches, [dec["memory_bound_s"]] * len(batches), "--",
+            label=t["mem_bound"].format(b=fmt_num(dec["weight_bytes"])), gid="memory_bound")
+    ax.plot(batches, [B * dec["compute_bound_s"] for B in batches], ":", linewidth=2,
+            label=t["comp_bound"].format(f=fmt_num(dec["flops_per_token"])), gid="compute_bound")
+    ax.set_yscale("log")
+    ax.set_xscale("log", base=2)
+    ax.margins(x=0.08, y=0.15)  # room for the values above the first and last points
+    set_ticks(ax, batches)
+    label_axis(ax.yaxis, "seconds")
+    ax.set_xlabel(t["batch"])
+    ax.set_ylabel(t["step"])
+    ax.set_title(t["decode_title"])
+    ax.legend()
+    out["decode_bounds"] = fig
+    return out
+
+
 if __name__ == "__main__":
     sys.exit(_common.run_demo(sys.modules[__name__]))

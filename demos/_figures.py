@@ -232,11 +232,12 @@ def mark_x(ax, x, label: str):
     ax.axvline(x, color="0.4", linestyle="--", linewidth=1.2, label=label, gid="mark")
 
 
-def _seconds(v: float) -> str:
+def seconds(v: float) -> str:
+    """A duration in three significant digits: '920 ms', '1.68 s', '45.2 µs'."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if v >= scale:
-            return f"{v / scale:g} {unit}"
-    return f"{v * 1e9:g} ns"
+            return f"{v / scale:.3g} {unit}"
+    return f"{v * 1e9:.3g} ns"
 
 
 def _count(v: float) -> str:
@@ -246,10 +247,17 @@ def _count(v: float) -> str:
     return f"{v:g}"
 
 
-def label_axis(axis, unit: str):
-    """Tick labels a lecture hall reads at a glance: '10 ms', '1 G' instead of 10⁻², 10⁹."""
-    from matplotlib.ticker import FuncFormatter
-    fmt = {"seconds": _seconds, "count": _count}[unit]
+def label_axis(axis, unit: str, subs=(1.0, 2.0, 5.0)):
+    """Tick labels a lecture hall reads at a glance: '10 ms', '1 G' instead of 10⁻², 10⁹.
+
+    On a log axis, ticks at `subs` × each power of ten: 1, 2, 5 by default, so
+    that a range narrower than a decade is still labelled; (1.0,) for wide ranges.
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator
+    fmt = {"seconds": seconds, "count": _count}[unit]
+    if axis.get_scale() == "log":
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
+        axis.set_minor_locator(LogLocator(base=10, subs="auto"))
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt(v) if v > 0 else "0"))
 
 
