@@ -664,12 +664,12 @@ def render(result, lang="zh"):
 
 
 FIG_TEXT = {
-    "zh": {"head_title": "第 {l} 层第 {h} 个头：看前一个 token（t−1 平均权重 {s}）",
+    "zh": {"head_title": "第 {l} 层第 {h} 个头：t−1 上的平均权重 {s}（{n} 个 token）",
            "query": "查询", "key": "键", "weight": "注意力权重",
            "decode_title": "解码每步用时：实测 vs 内存下界与算力下界", "batch": "batch 大小 B",
            "step": "每步用时", "measured": "实测（{s} 步的中位数）",
            "mem_bound": "内存下界：读一遍 {b}B 权重", "comp_bound": "算力下界：B × {f}FLOP"},
-    "en": {"head_title": "Layer {l}, head {h}: a previous-token head (mean weight on t−1: {s})",
+    "en": {"head_title": "Layer {l}, head {h}: mean weight {s} on t−1 ({n} tokens)",
            "query": "query", "key": "key", "weight": "attention weight",
            "decode_title": "Decode time per step against the memory and compute bounds",
            "batch": "batch size B", "step": "time per step",
@@ -694,7 +694,8 @@ def figures(result, lang="zh"):
             mask_above_diagonal=True, x_rotation=45)
     ax.set_xlabel(t["key"])
     ax.set_ylabel(t["query"])
-    ax.set_title(t["head_title"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.2f}"))
+    ax.set_title(t["head_title"].format(l=best["layer"], h=best["head"], n=hd["n_tokens"],
+                                        s=f"{best['score']:.2f}"))
     out["previous_token_head"] = fig
 
     batches = [b["batch"] for b in dec["batches"]]
