@@ -41,8 +41,13 @@ def param_shapes(cfg: Config) -> dict:
     shapes = {"tok_emb": (V, d)}
     if cfg.pos == "learned":
         shapes["pos_emb"] = (cfg.max_seq, d)
-    shapes["blocks"] = [{"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
-                        for _ in range(cfg.n_layers)]
+    def block():
+        # mlp="none" makes an attention-only block: no MLP and no norm in front of it.
+        if cfg.mlp == "none":
+            return {"attn_norm": norm(), "attn": dict(attn)}
+        return {"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
+
+    shapes["blocks"] = [block() for _ in range(cfg.n_layers)]
     shapes["final_norm"] = norm()
     shapes["lm_head"] = head
     return shapes
@@ -188,9 +193,11 @@ def mlp(x, m, cfg: Config):
 
 
 def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0):
-    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x))."""
+    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x)) unless mlp="none"."""
     x = x + attention(norm(x, p["attn_norm"], cfg), p["attn"], cfg,
                       rope=rope, causal=causal, cache=cache, layer=layer)
+    if cfg.mlp == "none":
+        return x
     return x + mlp(norm(x, p["mlp_norm"], cfg), p["mlp"], cfg)
 
 
