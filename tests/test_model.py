@@ -539,6 +539,19 @@ def test_loss_equals_hand_computed_cross_entropy(cfg):
     assert got == pytest.approx(ref_loss(forward(params, cfg, toks), targets), abs=1e-12)
 
 
+def test_loss_skips_ignored_targets():
+    params = init_params(TINY, seed=31)
+    toks = tokens_for(TINY, 2, 6, 32)
+    targets = tokens_for(TINY, 2, 6, 33)
+    targets[0, :4] = -1  # a prompt: no loss on these positions
+    keep = targets != -1
+    logits = forward(params, TINY, toks)
+    want = ref_loss(logits[keep][None], targets[keep][None])  # the 8 kept positions only
+    assert loss(params, TINY, toks, targets) == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ValueError, match=r"every target is -1"):
+        loss(params, TINY, toks, np.full_like(targets, -1))
+
+
 def test_loss_of_uniform_logits_is_log_vocab():
     params = init_params(TINY, seed=34)
     params["lm_head"]["w"] = np.zeros_like(params["lm_head"]["w"])
