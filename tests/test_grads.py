@@ -208,3 +208,12 @@ def test_bad_targets(fn, make, match):
     tokens, targets = batch(cfg, seed=0)
     with pytest.raises(ValueError, match=match):
         fn(params, cfg, tokens, make(tokens))
+
+
+def test_attention_only_record_has_no_mlp_entries():
+    cfg = tiny(mlp="none", n_layers=2)
+    acts = {}
+    tl.forward(spread_params(cfg, seed=0), cfg, batch(cfg, seed=0)[0], acts=acts)
+    assert not [k for k in acts if ".mlp" in k]
+    for i in range(2):  # no MLP: the stream leaves the block as it left attention
+        assert acts[f"blocks[{i}].resid_post"] is acts[f"blocks[{i}].resid_mid"]

@@ -260,8 +260,8 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
     are named: "embed"; per layer "blocks[i].resid_pre", ".attn_in", ".attn.q"
     [B,T,H,D], ".attn.k" and ".attn.v" [B,S,G,D] (after RoPE, cached positions
     included), ".attn.out" [B,T,H*D] (before wo), ".resid_mid", ".mlp_in",
-    ".mlp.up", ".mlp.gate" (SwiGLU), ".mlp.hidden" [B,T,d_ff] (into w_down),
-    ".resid_post"; then "final_norm" and "logits". Set acts["patterns"] = True
+    ".mlp.up", ".mlp.gate" (SwiGLU), ".mlp.hidden" [B,T,d_ff] (into w_down) (the
+    ".mlp*" entries only when mlp is not "none"), ".resid_post"; then "final_norm" and "logits". Set acts["patterns"] = True
     before the call to also get the softmax weights "blocks[i].attn.pattern"
     [B,H,T,S], which cost one more pass over the scores. Without acts nothing
     extra is computed or kept.
