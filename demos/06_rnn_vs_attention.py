@@ -45,7 +45,7 @@ TEXT = {
         "timing_note": "RNN 逐步：h_t = tanh(h_{{t−1}}·W_h + x_t·W_x)，Python 循环，每步两个 "
                        "[1,d]@[d,d]；同样的 FLOPs 一次算：[h_{{t−1}},x_t] 拼成 [n,2d]，"
                        "乘 [2d,d]；因果注意力：attention_core，1 个头，head_dim = d。",
-        "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "因果注意力",
+        "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "注意力",
         "loop_over_mm": "逐步÷矩阵乘", "attn_over_loop": "注意力÷逐步", "spread": "波动",
         "rates": "GFLOP/s（注意力按 2n(n+1)d 计）",
         "unsteady_note": "~ 重测 {s} 后，这些行仍不稳定：重复测量的最慢÷最快超过 {lim}，"
