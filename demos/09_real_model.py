@@ -26,8 +26,8 @@ from transformer_lab import (KVCache, apply_rope, attention_weights, find_model,
                              load_gguf, rope_angles)
 from transformer_lab.chat import chat_prompt
 from transformer_lab.gguf_loader import MODEL_INSTALL_COMMAND
-from transformer_lab.measure import (matmul_peak, param_bytes, read_bandwidth, time_call,
-                                     time_side_by_side)
+from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
+                                     read_bandwidth, speed_check, time_rows, timed)
 from transformer_lab.model import block, embed, lm_head, norm
 
 NUMBER = 9
@@ -62,7 +62,10 @@ NEW_TOKENS, QUICK_NEW_TOKENS = 8, 4
 BATCHES = (1, 4, 8)
 PREFILL = 16  # tokens in each sequence before the timed decode steps
 STEPS, QUICK_STEPS = 16, 6  # timed decode steps per batch size (median per step)
+PREFILL_REPEATS = 3  # the paragraph's forward pass, timed as a prefill: median of 3
 PEAK_N, QUICK_PEAK_N = 2048, 1024
+CHECK_REPEATS = 2  # the quick second measurement of bandwidth and peak, before the timing
+BUDGET_S, QUICK_BUDGET_S = 2.0, 1.0  # seconds that re-measuring unsteady rows may take
 SIMILAR = 1.1  # two rates within 10% of each other are "about the same"
 
 TITLE = {"zh": "显微镜下的真实模型：SmolLM2-135M", "en": "A real model under the microscope: SmolLM2-135M"}
@@ -104,7 +107,17 @@ TEXT = {
                      "4·S·D，S = 平均上下文 {S}，共 {a} FLOPs。",
         "batch_title": "B 个序列一起解码，用一个 batch 为 B 的 KVCache；最后一行是第 1 部分"
                        "那段短文的前向，当作一次预填来计时：",
-        "batch": "B", "step": "每步用时", "vs_one": "是 B=1 的",
+        "batch": "B", "step": "每步用时", "vs_one": "是 B=1 的", "spread": "波动",
+        "unsteady_note": "~ 重测 {s} 后仍不稳定：重复测量的最慢÷最快超过 {lim}，或者本演示的"
+                         "线程等 CPU 的时间超过测量时间的 {w}；或者带宽、峰值本身不稳定，"
+                         "或与计时前的快速测量相差太多。标 ~ 的数字比较出来的顺序可能不成立。",
+        "busy": "测量时机器很忙：重复测量的结果相差最多 {x} 倍{wait}；标 ~ 的数字，"
+                "比较出来的顺序可能不成立，下面不据此下结论。",
+        "busy_wait": "，本演示的线程等 CPU 的时间是测量时间的 {w}（各线程相加）",
+        "speed_changed_bandwidth": "机器的速度在演示中途变了：内存带宽在计时前测得 {a}，"
+                                   "计时后测得 {b}。",
+        "speed_changed_peak": "机器的速度在演示中途变了：矩阵乘峰值在计时前测得 {a}，"
+                              "计时后测得 {b}。",
         "prefill_row": "预填 {T} 个 token",
         "kv_title": "每个 token 的上下文占多少 KV 缓存：float32，{L} 层 × (K 和 V) × "
                     "K/V 头数 × {D} 维：",
@@ -157,7 +170,19 @@ TEXT = {
                            "而是 NumPy 的 BLAS 算几行的矩阵乘时远不如算一行高效。",
         "batch_step_flops": "不过它每步用时是 batch 1 的 {s} 倍，所以收益不到 {B} 倍：{B} 倍的 "
                             "FLOPs 按峰值要 {tc8}，算术已经不能忽略了。",
-        "obs_prefill": "预填也是同一个道理：一次前向处理 {T} 个 token，达到 {p} token/s，"
+        "obs_bound_unknown": "batch 1 时解码一个 token 实测 {t}（{r} token/s），内存下界 {tm}，"
+                             "算力下界 {tc}。但这些测量不稳定（标 ~），这里无法判断实测离哪个"
+                             "下界更近。每个 {isz} 字节的权重只做 2 次 FLOP（{i} FLOP/字节），"
+                             "而这台机器每读 1 字节能算 {bal} 次。",
+        "obs_batch_unknown": "batch {B} 的 token/s 是 {rB}，batch 1 是 {r1}；但这些测量不稳定"
+                             "（标 ~），这里无法判断一起解码带来了多少好处。",
+        "obs_prefill_unknown": "一次前向处理 {T} 个 token（预填）达到 {p} token/s，batch 1 "
+                               "解码是 {r1} token/s；但这些测量不稳定（标 ~），这里无法判断"
+                               "预填快了多少。",
+        "obs_prefill_not_faster": "一次前向处理 {T} 个 token（预填）只达到 {p} token/s，"
+                                  "是 batch 1 解码的 {x} 倍：这台机器上一次处理多个位置没有"
+                                  "带来好处。",
+        "obs_prefill_faster": "预填也是同一个道理：一次前向处理 {T} 个 token，达到 {p} token/s，"
                        "是 batch 1 解码的 {x} 倍，因为读一遍权重就服务了所有 {T} 个位置。"
                        "所以推理服务总是把很多请求拼成一批来解码。",
     },
@@ -203,7 +228,22 @@ TEXT = {
                      "head per layer at the mean context S = {S}, {a} FLOPs.",
         "batch_title": "B sequences decoded together, one KVCache of batch B; the last "
                        "row is the paragraph's forward pass above, timed as a prefill:",
-        "batch": "B", "step": "per step", "vs_one": "× B=1",
+        "batch": "B", "step": "per step", "vs_one": "× B=1", "spread": "spread",
+        "unsteady_note": "~ still unsteady after {s} of re-measuring: repeats disagreed by "
+                         "more than {lim} (slowest ÷ fastest) or this demo's threads waited "
+                         "for a CPU for more than {w} of the measured time; for the bounds, "
+                         "the bandwidth or peak was unsteady or moved since the quick check "
+                         "before the timing. Orderings read from figures marked ~ may not "
+                         "hold.",
+        "busy": "The machine was busy while measuring: repeats varied by up to {x}×{wait}; "
+                "orderings from figures marked ~ may not hold, and none is read from them "
+                "below.",
+        "busy_wait": ", and this demo's threads waited for a CPU for {w} of the measured "
+                     "time (summed over threads)",
+        "speed_changed_bandwidth": "The machine's speed changed mid-demo: memory bandwidth "
+                                   "was {a} before the timing and {b} after it.",
+        "speed_changed_peak": "The machine's speed changed mid-demo: the matmul peak was {a} "
+                              "before the timing and {b} after it.",
         "prefill_row": "prefill {T} tok",
         "kv_title": "KV cache per token of context: float32, {L} layers × (K and V) × "
                     "K/V heads × {D} dims:",
@@ -275,7 +315,23 @@ TEXT = {
         "batch_step_flops": " But its step took {s}× as long as batch 1's, so the gain is less "
                             "than {B}×: {B}× the FLOPs take {tc8} even at the peak, so the "
                             "arithmetic is no longer negligible.",
-        "obs_prefill": "Prefill is the same effect: one forward pass over {T} tokens ran at "
+        "obs_bound_unknown": "At batch 1 a decoded token took {t} ({r} tokens/s), against a "
+                             "memory bound of {tm} and a compute bound of {tc}; these "
+                             "measurements were unsteady (marked ~), so which bound is nearer "
+                             "could not be determined here. Each {isz}-byte weight is read for "
+                             "just 2 FLOPs ({i} FLOP/byte), while this machine can do {bal} "
+                             "FLOPs per byte it reads.",
+        "obs_batch_unknown": "Batch {B} gave {rB} tokens/s against {r1} at batch 1, but these "
+                             "repeats were unsteady (marked ~): what batching gained could "
+                             "not be determined here.",
+        "obs_prefill_unknown": "One forward pass over {T} tokens (a prefill) ran at {p} "
+                               "tokens/s against {r1} for batch-1 decode, but the repeats were "
+                               "unsteady (marked ~): how much faster it is could not be "
+                               "determined here.",
+        "obs_prefill_not_faster": "One forward pass over {T} tokens (a prefill) ran at only {p} "
+                                  "tokens/s, {x}× batch-1 decode: on this machine handling "
+                                  "many positions at once did not pay.",
+        "obs_prefill_faster": "Prefill is the same effect: one forward pass over {T} tokens ran at "
                        "{p} tokens/s, {x}× batch-1 decode, because one read of the weights "
                        "serves all {T} positions. That is why inference servers batch many "
                        "requests into every decode step.",
@@ -292,9 +348,8 @@ def load_model():
     """(path, cfg, params, tokenizer, load seconds), loading on the first call only."""
     if "model" not in _MODEL:
         path = find_model()
-        out = {}
-        timing = time_call(lambda: out.update(model=load_gguf(path)), repeats=1, warmup=0)
-        _MODEL["model"] = (path, *out["model"], timing["best_s"])
+        model, seconds = timed(lambda: load_gguf(path))  # once: loading twice proves nothing
+        _MODEL["model"] = (path, *model, seconds)
     return _MODEL["model"]
 
 
@@ -336,9 +391,7 @@ def heads_part(params, cfg, tokenizer, quick):
     tokens = np.array([ids])
     T = tokens.shape[1]
     scores, weights, walked = previous_token_scores(params, cfg, tokens)
-    out = {}  # forward() on the same tokens: the check on the walk, timed as a prefill
-    prefill = time_call(lambda: out.update(logits=forward(params, cfg, tokens)), repeats=1,
-                        warmup=0)
+    logits = forward(params, cfg, tokens)  # the check on the walk
     order = np.argsort(scores, axis=None)[::-1]  # best first
     top = [{"layer": int(i // cfg.n_heads), "head": int(i % cfg.n_heads),
             "score": float(scores.flat[i])}
@@ -353,12 +406,10 @@ def heads_part(params, cfg, tokenizer, quick):
         "above_half": int((scores > 0.5).sum()),
         # An even spread over the t + 1 visible tokens puts 1/(t + 1) on t−1.
         "uniform": float(np.mean(1.0 / (np.arange(1, T) + 1))),
-        "walk_max_diff": float(np.abs(walked - out["logits"]).max()),
+        "walk_max_diff": float(np.abs(walked - logits).max()),
         "window": {"labels": [token_label(tokenizer, i) for i in ids[:WINDOW]],
                    "weights": w, "prev_mean": prev, "first_mean": first,
                    "rest_mean": 1.0 - prev - first},
-        "prefill": {"tokens": T, "seconds": prefill["best_s"],
-                    "tokens_per_s": T / prefill["best_s"]},
     }
 
 
@@ -406,34 +457,61 @@ def attention_flops(cfg, context):
     return int(round(4 * context * cfg.head_dim * cfg.n_heads * cfg.n_layers))
 
 
-def decoder(params, cfg, tokens, max_len):
-    """Prefill `tokens` [B, PREFILL] into a fresh cache; return one greedy cached decode step."""
-    cache = KVCache(cfg, tokens.shape[0], max_len)
-    state = {"next": np.argmax(forward(params, cfg, tokens, cache=cache)[:, -1], axis=-1)}
+class Decoder:
+    """B sequences in one KVCache, advanced by one greedy token per step() call.
 
-    def step():
-        logits = forward(params, cfg, state["next"][:, None], cache=cache)[:, -1]  # [B, V]
-        state["next"] = np.argmax(logits, axis=-1)
+    The cache holds the prefill and `room` more tokens. When it is full, step()
+    rewinds to the end of the prefill, so every round of timed steps sees the
+    same contexts however often the steps are re-measured.
+    """
 
-    return step
+    def __init__(self, params, cfg, tokens, room):
+        self.params, self.cfg = params, cfg
+        self.prefill = tokens.shape[1]
+        self.cache = KVCache(cfg, tokens.shape[0], self.prefill + room)
+        logits = forward(params, cfg, tokens, cache=self.cache)[:, -1]  # [B, V]
+        self.next = np.argmax(logits, axis=-1)  # [B]
+
+    def step(self):
+        if self.cache.length == self.cache.max_len:
+            self.cache.length = self.prefill
+        logits = forward(self.params, self.cfg, self.next[:, None], cache=self.cache)[:, -1]
+        self.next = np.argmax(logits, axis=-1)
 
 
-def decode_part(params, cfg, tokenizer, quick):
+def row_facts(row):
+    """How steady a row of timings was, for the JSON and the ~ marks."""
+    return {key: row[key] for key in ("steady", "spread", "waited", "attempts", "remeasured_s")}
+
+
+def decode_part(params, cfg, tokenizer, quick, budget):
     steps = QUICK_STEPS if quick else STEPS
-    ids = np.array(tokenizer.encode(PARAGRAPH))
-    max_len = PREFILL + 1 + steps  # prefill, one warm-up step, the timed steps
-    fns = {}
+    peak_n = QUICK_PEAK_N if quick else PEAK_N
+    ids = tokenizer.encode(PARAGRAPH)
+    # The quick second measurement of the machine's speed, before the timing; the main one
+    # comes after it. A change in between means the machine's speed changed mid-demo.
+    bandwidth_check = read_bandwidth(repeats=CHECK_REPEATS)
+    peak_check = matmul_peak(peak_n, repeats=CHECK_REPEATS)
+
+    decoders = {}
     for B in BATCHES:
         # B different sequences: windows of the paragraph, 4 tokens apart.
         rows = np.stack([ids[4 * b:4 * b + PREFILL] for b in range(B)])  # [B, PREFILL]
-        fns[B] = decoder(params, cfg, rows, max_len)
+        decoders[B] = Decoder(params, cfg, rows, room=1 + steps)  # a warm-up step, the timed ones
     # Round-robin, so that drift in the machine's speed hits every batch size alike.
-    times = time_side_by_side(fns, repeats=steps, warmup=1)
-    batches = [{"batch": B, "median_s": times[B]["median_s"], "best_s": times[B]["best_s"],
-                "tokens_per_s": B / times[B]["median_s"]} for B in BATCHES]
+    decode = time_rows({"decode": {B: d.step for B, d in decoders.items()}}, repeats=steps,
+                       warmup=1, budget=budget)["decode"]
+    batches = [{"batch": B, "median_s": f["median_s"], "best_s": f["best_s"],
+                "spread": f["spread"], "tokens_per_s": B / f["median_s"]}
+               for B, f in decode["figures"].items()]
+    # The paragraph's forward pass (run just above for the walk, so warm), timed as a prefill.
+    paragraph = np.array([ids[:QUICK_TOKENS] if quick else ids])  # [1, T]
+    prefill = time_rows({"prefill": {"forward": lambda: forward(params, cfg, paragraph)}},
+                        repeats=PREFILL_REPEATS, warmup=0, budget=budget)["prefill"]
+    T, pre = paragraph.shape[1], prefill["figures"]["forward"]
 
     bandwidth = read_bandwidth()  # 512 MiB: larger than any cache here
-    peak = matmul_peak(QUICK_PEAK_N if quick else PEAK_N)
+    peak = matmul_peak(peak_n)
     weight_bytes = param_bytes(params)
     elements = matmul_weight_elements(params, cfg)
     context = PREFILL + 1 + (steps + 1) / 2  # mean number of keys over the timed steps
@@ -443,14 +521,65 @@ def decode_part(params, cfg, tokenizer, quick):
     mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, 1).bytes_per_token()
     return {
         "prefill_tokens": PREFILL, "steps": steps, "context": context, "batches": batches,
+        "timing": row_facts(decode),
+        "prefill": {"tokens": T, "seconds": pre["median_s"], "tokens_per_s": T / pre["median_s"],
+                    **row_facts(prefill)},
         "weight_bytes": weight_bytes, "bandwidth": bandwidth["bytes_per_s"],
-        "bandwidth_bytes": bandwidth["bytes"], "peak_flops": peak["flops_per_s"],
-        "peak_n": peak["n"], "matmul_elements": elements, "attention_flops": attn,
+        "bandwidth_bytes": bandwidth["bytes"], "bandwidth_steady": bandwidth["steady"],
+        "peak_flops": peak["flops_per_s"], "peak_n": peak["n"], "peak_steady": peak["steady"],
+        "speed_checks": [speed_check(bandwidth_check["bytes_per_s"], bandwidth["bytes_per_s"],
+                                     "bandwidth"),
+                         speed_check(peak_check["flops_per_s"], peak["flops_per_s"],
+                                     "matmul peak")],
+        "matmul_elements": elements, "attention_flops": attn,
         "flops_per_token": flops,
         "memory_bound_s": weight_bytes / bandwidth["bytes_per_s"],
         "compute_bound_s": flops / peak["flops_per_s"],
         "kv_bytes_per_token": gqa, "kv_bytes_per_token_mha": mha, "max_seq": cfg.max_seq,
     }
+
+
+# ---------------------------------------------------------------- verdicts
+
+def _by_batch(decode, B):
+    return next(b for b in decode["batches"] if b["batch"] == B)
+
+
+def verdicts(heads, decode):
+    """What the observations may claim, decided from the results; None: not determined here.
+
+    An ordering is read only from steady timings: the decode steps for the bound and
+    the batch gain, and also a steady bandwidth and peak, unchanged since the check
+    before the timing, for the bounds.
+    """
+    win = heads["window"]
+    out = {"heatmap": "first" if win["first_mean"] > win["rest_mean"] else "rest",
+           "bound": None, "floor": None, "batch_gain": None, "batch_step": None,
+           "prefill": None}
+    one, big = _by_batch(decode, 1), _by_batch(decode, BATCHES[-1])
+    machine = (decode["bandwidth_steady"] and decode["peak_steady"]
+               and not any(c["changed"] for c in decode["speed_checks"]))
+    if decode["timing"]["steady"] and machine:
+        mem_ratio = one["median_s"] / decode["memory_bound_s"]
+        comp_ratio = one["median_s"] / decode["compute_bound_s"]
+        # Nearer on a log scale: how many times off each bound is.
+        out["bound"] = "memory" if abs(np.log(mem_ratio)) <= abs(np.log(comp_ratio)) else "compute"
+        out["floor"] = "above" if mem_ratio >= 1 else "below"
+    if decode["timing"]["steady"]:
+        gain = big["tokens_per_s"] / one["tokens_per_s"]
+        out["batch_gain"] = ("more" if gain >= SIMILAR else "same" if gain > 1 / SIMILAR
+                             else "fewer")
+        # The batch's FLOPs at the measured peak: all the time arithmetic could explain.
+        arithmetic = big["batch"] * decode["flops_per_token"] / decode["peak_flops"]
+        if big["median_s"] / one["median_s"] < SIMILAR:
+            out["batch_step"] = "flat"
+        elif machine:
+            out["batch_step"] = ("blas" if big["median_s"] - one["median_s"] > arithmetic
+                                 else "flops")
+        if decode["prefill"]["steady"]:
+            faster = decode["prefill"]["tokens_per_s"] / one["tokens_per_s"]
+            out["prefill"] = "faster" if faster >= SIMILAR else "not_faster"
+    return out
 
 
 # ---------------------------------------------------------------- compute
@@ -460,6 +589,10 @@ def compute(quick=False):
         path, cfg, params, tokenizer, load_s = load_model()
     except (OSError, ImportError, ValueError) as exc:  # missing model or gguf package, bad file
         return {"available": False, "reason": str(exc), "install": MODEL_INSTALL_COMMAND}
+    budget = Budget(QUICK_BUDGET_S if quick else BUDGET_S)
+    heads = heads_part(params, cfg, tokenizer, quick)
+    kv = kv_part(params, cfg, tokenizer, quick)
+    decode = decode_part(params, cfg, tokenizer, quick, budget)
     return {
         "available": True,
         "model": {"file": path.name, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
@@ -468,10 +601,8 @@ def compute(quick=False):
                   "max_seq": cfg.max_seq, "n_params": param_bytes(params) // cfg.dtype.itemsize,
                   "param_bytes": param_bytes(params), "dtype": cfg.dtype.name,
                   "itemsize": cfg.dtype.itemsize},
-        "load_s": load_s,
-        "heads": heads_part(params, cfg, tokenizer, quick),
-        "kv": kv_part(params, cfg, tokenizer, quick),
-        "decode": decode_part(params, cfg, tokenizer, quick),
+        "load_s": load_s, "heads": heads, "kv": kv, "decode": decode,
+        "verdicts": verdicts(heads, decode),
     }
 
 
@@ -493,16 +624,49 @@ def _diff(x):
     return "0" if x == 0 else f"{x:.1e}"
 
 
-def _by_batch(result, B):
-    return next(b for b in result["decode"]["batches"] if b["batch"] == B)
+def _spread(x):
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _mark(text, steady):
+    """A figure from unsteady timings is marked ~."""
+    return text if steady else text + " ~"
+
+
+def unsteady_rows(dec):
+    """The timings that stayed unsteady: (spread, share of time waited or None) of each."""
+    rows = [r for r in (dec["timing"], dec["prefill"]) if not r["steady"]]
+    return [(r["spread"], r["waited"]) for r in rows]
+
+
+def busy_sentence(result, lang):
+    """One sentence on how disturbed the measuring was, or None on a quiet machine."""
+    t, dec = TEXT[lang], result["decode"]
+    sentences = []
+    rows = unsteady_rows(dec)
+    if rows or not dec["bandwidth_steady"] or not dec["peak_steady"]:
+        waits = [w for _, w in rows if w is not None]
+        wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
+                if waits and max(waits) > WAIT_LIMIT else "")
+        spread = max([x for x, _ in rows], default=1.0)
+        sentences.append(t["busy"].format(x=_spread(spread), wait=wait))
+    for check in dec["speed_checks"]:
+        if check["changed"]:
+            unit = "B/s" if check["what"] == "bandwidth" else "FLOP/s"
+            sentences.append(t["speed_changed_" + check["what"].split()[-1]].format(
+                a=fmt_num(check["before"]) + unit, b=fmt_num(check["after"]) + unit))
+    return " ".join(sentences) or None
 
 
 def observations(result, lang):
-    """The observation sentences, worded from the computed and measured results."""
+    """The observation sentences, worded from the computed results and verdicts."""
     t = TEXT[lang]
     m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
+    verdict = result["verdicts"]
     best, win = hd["top"][0], hd["window"]
-    items = [
+    busy = busy_sentence(result, lang)
+    items = [busy] if busy else []
+    items += [
         t["obs_prev"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.3f}",
                              k=hd["above_half"], n=m["n_layers"] * m["n_heads"],
                              med=f"{hd['median']:.3f}", uni=f"{hd['uniform']:.3f}"),
@@ -510,10 +674,7 @@ def observations(result, lang):
     ]
     heat = dict(prev=f"{win['prev_mean']:.2f}", first=f"{win['first_mean']:.2f}",
                 rest=f"{win['rest_mean']:.2f}", first_tok=win["labels"][0])
-    if win["first_mean"] > win["rest_mean"]:
-        items.append(t["obs_heat_first"].format(**heat))
-    else:
-        items.append(t["obs_heat_rest"].format(**heat))
+    items.append(t["obs_heat_" + verdict["heatmap"]].format(**heat))
 
     common = dict(k=kv["decode_steps"], diff=_diff(kv["max_logit_diff"]),
                   m=f"{kv['max_abs_logit']:.1f}")
@@ -523,23 +684,22 @@ def observations(result, lang):
     else:
         items.append(t["obs_kv_differ"].format(at=kv["first_difference"], **common))
 
-    one = _by_batch(result, 1)
+    one = _by_batch(dec, 1)
     measured = one["median_s"]
-    mem_ratio = measured / dec["memory_bound_s"]
-    comp_ratio = measured / dec["compute_bound_s"]
     bound = dict(t=fmt_time(measured), r=_rate(one["tokens_per_s"]),
                  b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
                  tm=fmt_time(dec["memory_bound_s"]), f=fmt_num(dec["flops_per_token"]),
                  pk=fmt_num(dec["peak_flops"]), tc=fmt_time(dec["compute_bound_s"]),
-                 mr=_x(mem_ratio), cr=_x(comp_ratio),
+                 mr=_x(measured / dec["memory_bound_s"]),
+                 cr=_x(measured / dec["compute_bound_s"]),
                  i=f"{dec['flops_per_token'] / dec['weight_bytes']:.2f}",
                  bal=f"{dec['peak_flops'] / dec['bandwidth']:.0f}", isz=m["itemsize"])
-    # Nearer on a log scale: how many times off each bound is.
-    if abs(np.log(mem_ratio)) <= abs(np.log(comp_ratio)):
-        sentence = t["obs_bound_mem"].format(**bound)
+    if verdict["bound"] is None:
+        items.append(t["obs_bound_unknown"].format(**bound))
     else:
-        sentence = t["obs_bound_comp"].format(**bound)
-    items.append(sentence + t["floor_above" if mem_ratio >= 1 else "floor_below"])
+        items.append(t[{"memory": "obs_bound_mem", "compute": "obs_bound_comp"}[verdict["bound"]]]
+                     .format(**bound)
+                     + t["floor_" + verdict["floor"]])
 
     S = m["max_seq"]
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
@@ -548,31 +708,25 @@ def observations(result, lang):
                                      c=_bytes(gqa * S), c_mha=_bytes(mha * S),
                                      w=_bytes(dec["weight_bytes"])))
 
-    big = _by_batch(result, BATCHES[-1])
+    big = _by_batch(dec, BATCHES[-1])
     gain = big["tokens_per_s"] / one["tokens_per_s"]
     rates = dict(x=f"{gain:.1f}", rB=_rate(big["tokens_per_s"]), r1=_rate(one["tokens_per_s"]),
                  B=big["batch"])
-    if gain >= SIMILAR:
-        sentence = t["obs_batch_more"].format(**rates)
-    elif gain > 1 / SIMILAR:
-        sentence = t["obs_batch_same"].format(**rates)
+    if verdict["batch_gain"] is None:
+        items.append(t["obs_batch_unknown"].format(**rates))
     else:
-        sentence = t["obs_batch_fewer"].format(**rates)
-    step_ratio = big["median_s"] / one["median_s"]
-    # The batch's FLOPs at the measured peak: all the time arithmetic could explain.
-    arithmetic = big["batch"] * dec["flops_per_token"] / dec["peak_flops"]
-    step = dict(s=f"{step_ratio:.1f}", tc8=fmt_time(arithmetic), B=big["batch"])
-    if step_ratio < SIMILAR:
-        sentence += t["batch_step_flat"].format(**step)
-    elif big["median_s"] - one["median_s"] > arithmetic:
-        sentence += t["batch_step_blas"].format(**step)
-    else:
-        sentence += t["batch_step_flops"].format(**step)
-    items.append(sentence)
+        sentence = t["obs_batch_" + verdict["batch_gain"]].format(**rates)
+        arithmetic = big["batch"] * dec["flops_per_token"] / dec["peak_flops"]
+        step = dict(s=f"{big['median_s'] / one['median_s']:.1f}", tc8=fmt_time(arithmetic),
+                    B=big["batch"])
+        if verdict["batch_step"] is not None:
+            sentence += t["batch_step_" + verdict["batch_step"]].format(**step)
+        items.append(sentence)
 
-    pre = hd["prefill"]
-    items.append(t["obs_prefill"].format(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}",
-                                         x=_x(pre["tokens_per_s"] / one["tokens_per_s"])))
+    pre = dec["prefill"]
+    prefill = dict(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=_rate(one["tokens_per_s"]),
+                   x=_x(pre["tokens_per_s"] / one["tokens_per_s"]))
+    items.append(t["obs_prefill_" + (verdict["prefill"] or "unknown")].format(**prefill))
     return items
 
 
@@ -630,13 +784,19 @@ def render(result, lang="zh"):
     # 3. decode speed
     print_section(t["decode"])
     print_text(t["decode_setup"].format(p=dec["prefill_tokens"], s=dec["steps"]))
-    one = _by_batch(result, 1)
+    one = _by_batch(dec, 1)
+    timed_ok = dec["timing"]["steady"]
+    changed = {c["what"] for c in dec["speed_checks"] if c["changed"]}
+    bw_ok = dec["bandwidth_steady"] and "bandwidth" not in changed
+    pk_ok = dec["peak_steady"] and "matmul peak" not in changed
     rows = [
-        [t["measured"], fmt_time(one["median_s"]), _rate(one["tokens_per_s"]),
+        [_mark(t["measured"], timed_ok), fmt_time(one["median_s"]), _rate(one["tokens_per_s"]),
          t["measured_basis"].format(s=dec["steps"])],
-        [t["mem_bound"], fmt_time(dec["memory_bound_s"]), _rate(1 / dec["memory_bound_s"]),
+        [_mark(t["mem_bound"], bw_ok), fmt_time(dec["memory_bound_s"]),
+         _rate(1 / dec["memory_bound_s"]),
          t["mem_basis"].format(b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]))],
-        [t["comp_bound"], fmt_time(dec["compute_bound_s"]), _rate(1 / dec["compute_bound_s"]),
+        [_mark(t["comp_bound"], pk_ok), fmt_time(dec["compute_bound_s"]),
+         _rate(1 / dec["compute_bound_s"]),
          t["comp_basis"].format(f=fmt_num(dec["flops_per_token"]), pk=fmt_num(dec["peak_flops"]))],
     ]
     print_table([t["what"], t["per_token"], t["tok_s"], t["basis"]], rows)
@@ -644,13 +804,19 @@ def render(result, lang="zh"):
                                      d=m["d_model"], V=m["vocab"], S=f"{dec['context']:g}",
                                      a=fmt_num(dec["attention_flops"]).strip()), style="dim")
 
-    pre = hd["prefill"]
-    rows = [[str(b["batch"]), fmt_time(b["median_s"]), _rate(b["tokens_per_s"]),
-             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×"] for b in dec["batches"]]
-    rows.append([t["prefill_row"].format(T=pre["tokens"]), fmt_time(pre["seconds"]),
-                 _rate(pre["tokens_per_s"]), f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×"])
+    pre = dec["prefill"]
+    rows = [[_mark(str(b["batch"]), timed_ok), fmt_time(b["median_s"]), _rate(b["tokens_per_s"]),
+             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×", _spread(b["spread"]) + "×"]
+            for b in dec["batches"]]
+    rows.append([_mark(t["prefill_row"].format(T=pre["tokens"]), pre["steady"]),
+                 fmt_time(pre["seconds"]), _rate(pre["tokens_per_s"]),
+                 f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×", _spread(pre["spread"]) + "×"])
     print_text(t["batch_title"])
-    print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"]], rows)
+    print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"], t["spread"]], rows)
+    if not (timed_ok and pre["steady"] and bw_ok and pk_ok):
+        print_text(t["unsteady_note"].format(
+            s=fmt_time(dec["timing"]["remeasured_s"] + pre["remeasured_s"]),
+            lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"), style="dim")
 
     S = m["max_seq"]
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]

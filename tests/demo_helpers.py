@@ -49,4 +49,4 @@ class ScriptedTimings:
 
 def jittered(seconds, spread=1.05, n=5):
     """n repeats around `seconds`, the slowest `spread` times the fastest."""
-    return [seconds * (1 + (spread - 1) * i / (n - 1)) for i in (0, 2, 1, 4, 3)][:n]
+    return [seconds * (1 + (spread - 1) * i / (n - 1)) for i in range(n)]
