@@ -10,6 +10,8 @@ from pathlib import Path
 
 from console import to_jsonable
 
+from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
+
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
 from .machine import load_average, machine_info
@@ -198,21 +200,42 @@ def _load_text(load):
     return ", ".join(parts) or "?"
 
 
+UNSTEADY_NOTE = (f"~ unsteady: its repeats disagreed by more than {UNSTEADY:g}x (slowest / "
+                 f"fastest) or the threads waited for a CPU for more than {WAIT_LIMIT:.0%} of "
+                 f"the measured time; compare it with care.")
+
+
+def _mark(text, *stats):
+    """A figure from unsteady repeats is marked ~ (spread and wait are in the JSON)."""
+    steady = all(s is None or s.get("steady", True) for s in stats)
+    return str(text) if steady else f"{text} ~"
+
+
+def _caption(caption, cells):
+    """The caption, plus the note on ~ when any cell carries the mark."""
+    marked = any(str(c).endswith(" ~") for row in cells for c in row)
+    return f"{caption} {UNSTEADY_NOTE}" if marked else caption
+
+
 def print_attention(out, a):
     peak = a["matmul_peak"]
     out.header(f"attention_core throughput ({a['dtype']}, B={a['B']}, H={a['H']}, D={a['D']}, causal)")
     rows = []
     for r in a["rows"]:
         e = r["einsum"]
-        rows.append([r["T"], r["G"], out.num(r["attention_core"]["gflops"]),
-                     out.num(r["bmm"]["gflops"]), "-" if e is None else out.num(e["gflops"]),
-                     f"{r['core_vs_bmm']:.2f}x", f"{r['core_fraction_of_peak']:.0%}",
-                     out.time(r["attention_core"]["best_s"])])
+        core, bmm = r["attention_core"], r["bmm"]
+        rows.append([r["T"], r["G"], _mark(out.num(core["gflops"]), core),
+                     _mark(out.num(bmm["gflops"]), bmm),
+                     "-" if e is None else _mark(out.num(e["gflops"]), e),
+                     _mark(f"{r['core_vs_bmm']:.2f}x", core, bmm),
+                     _mark(f"{r['core_fraction_of_peak']:.0%}", core, peak),
+                     _mark(out.time(core["best_s"]), core)])
+    peak_text = _mark(f"{peak['gflops']:.1f}", peak)
     out.table(["T", "G", "attention_core GFLOP/s", "batched matmul GFLOP/s", "einsum GFLOP/s",
                "core / bmm", "core / peak", "core time"], rows,
-              caption=f"FLOPs = {a['flop_convention']} float32 matmul peak "
-                      f"({peak['n']}x{peak['n']}, this run): {peak['gflops']:.1f} GFLOP/s. "
-                      f"Timing: {a['timing']}.")
+              caption=_caption(f"FLOPs = {a['flop_convention']} float32 matmul peak "
+                               f"({peak['n']}x{peak['n']}, this run): {peak_text} GFLOP/s. "
+                               f"Timing: {a['timing']}.", rows + [[peak_text]]))
     big = max(r["T"] for r in a["rows"])
     out.observations(
         [f"Counting only the visible (causal) pairs, attention_core at T={r['T']}, G={r['G']} "
@@ -224,14 +247,16 @@ def print_attention(out, a):
 def print_forward(out, f):
     c = f["config"]
     out.header(f"Forward throughput (B={f['B']}, T={f['T']}, float32)")
-    rows = [["transformer_lab (NumPy)", out.time(f["numpy"]["best_s"]),
-             out.num(f["numpy"]["tokens_per_s"]), "1.00x"]]
+    rows = [["transformer_lab (NumPy)", _mark(out.time(f["numpy"]["best_s"]), f["numpy"]),
+             _mark(out.num(f["numpy"]["tokens_per_s"]), f["numpy"]), "1.00x"]]
     if f.get("torch"):
         t = f["torch"]
-        rows.append([f"PyTorch {t['version']} eager, {t['threads']} threads", out.time(t["best_s"]),
-                     out.num(t["tokens_per_s"]), f"{f['numpy_over_torch_time']:.2f}x"])
+        rows.append([f"PyTorch {t['version']} eager, {t['threads']} threads",
+                     _mark(out.time(t["best_s"]), t), _mark(out.num(t["tokens_per_s"]), t),
+                     _mark(f"{f['numpy_over_torch_time']:.2f}x", t, f["numpy"])])
     out.table(["implementation", "time", "tokens/s", "NumPy time / this"], rows,
-              caption=_config_text(c) + f" BLAS threads {f['blas_threads']}. Timing: {f['timing']}.")
+              caption=_caption(_config_text(c) + f" BLAS threads {f['blas_threads']}. "
+                               f"Timing: {f['timing']}.", rows))
     if f.get("torch"):
         t = f["torch"]
         out.observations([f"Logits agree with PyTorch: {t['logits_agree']} (max |diff| "
@@ -248,9 +273,14 @@ def _config_text(c):
 
 def print_decode(out, d):
     out.header("KV-cache decode (B=1, ms per generated token)")
-    rows = [[r["context"], f"{r['cached_ms']:.2f}", f"{r['recompute_ms']:.1f}", f"{r['speedup']:.1f}x"]
-            for r in d["rows"]]
-    caption = _config_text(d["config"]) + f" Timing: {d['timing']}."
+    rows = []
+    for r in d["rows"]:
+        cached = {"steady": r.get("cached_steady", True)}
+        recompute = {"steady": r.get("recompute_steady", True)}
+        rows.append([r["context"], _mark(f"{r['cached_ms']:.2f}", cached),
+                     _mark(f"{r['recompute_ms']:.1f}", recompute),
+                     _mark(f"{r['speedup']:.1f}x", cached, recompute)])
+    caption = _caption(_config_text(d["config"]) + f" Timing: {d['timing']}.", rows)
     out.table(["context", "cached ms/token", "recompute ms/token", "speedup"], rows, caption=caption)
     notes = []
     if "fit" in d:
