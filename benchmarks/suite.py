@@ -64,6 +64,7 @@ LINEARITY_MAX = 1.15
 def evaluate_targets(results):
     """One entry per target: what was required, what was measured, met (True/False/None = not run)."""
     targets = []
+    _steady = _steady_figures
     att = results.get("attention")
     if att:
         worst = min(att["rows"], key=lambda r: r["core_vs_bmm"])
@@ -71,7 +72,8 @@ def evaluate_targets(results):
             "name": "attention_core vs batched matmul, every size",
             "target": f">= {CORE_VS_BMM_MIN}x", "measured": worst["core_vs_bmm"],
             "measured_text": f"worst {worst['core_vs_bmm']:.2f}x (T={worst['T']}, G={worst['G']})",
-            "met": worst["core_vs_bmm"] >= CORE_VS_BMM_MIN})
+            "met": worst["core_vs_bmm"] >= CORE_VS_BMM_MIN,
+            "steady": _steady(worst["attention_core"], worst["bmm"])})
         at = [r for r in att["rows"] if r["T"] == PEAK_AT_T]
         if at:
             low = min(at, key=lambda r: r["core_fraction_of_peak"])
@@ -80,7 +82,8 @@ def evaluate_targets(results):
                 "target": f">= {PEAK_FRACTION_MIN:.0%}", "measured": low["core_fraction_of_peak"],
                 "measured_text": f"lowest {low['core_fraction_of_peak']:.0%} (G={low['G']}; "
                                  f"peak {att['matmul_peak']['gflops']:.1f} GFLOP/s)",
-                "met": low["core_fraction_of_peak"] >= PEAK_FRACTION_MIN})
+                "met": low["core_fraction_of_peak"] >= PEAK_FRACTION_MIN,
+                "steady": _steady(low["attention_core"], att["matmul_peak"])})
         else:
             targets.append({"name": f"attention_core at T={PEAK_AT_T} vs float32 matmul peak",
                             "target": f">= {PEAK_FRACTION_MIN:.0%}", "measured": None,
@@ -93,7 +96,8 @@ def evaluate_targets(results):
             "target": f"<= {TORCH_RATIO_MAX}x", "measured": ratio,
             "measured_text": (f"{ratio:.2f}x" if ratio is not None
                               else f"skipped: {fwd.get('torch_skipped')}"),
-            "met": None if ratio is None else ratio <= TORCH_RATIO_MAX})
+            "met": None if ratio is None else ratio <= TORCH_RATIO_MAX,
+            "steady": _steady(fwd.get("numpy"), fwd.get("torch"))})
     dec = results.get("decode")
     if dec:
         lin = dec.get("linearity")
@@ -106,7 +110,8 @@ def evaluate_targets(results):
                               f"{lin['ratio']:.2f}x the line; fit "
                               f"{fit.get('slope_ms_per_1k_context', float('nan')):.3f} ms per 1k "
                               f"tokens + {fit.get('intercept_ms', float('nan')):.2f} ms"),
-            "met": None if lin is None else lin["ratio"] <= LINEARITY_MAX})
+            "met": None if lin is None else lin["ratio"] <= LINEARITY_MAX,
+            "steady": lin is None or all(r.get("cached_steady", True) for r in dec["rows"])})
         at = [r for r in dec["rows"] if r["context"] == DECODE_SPEEDUP_AT]
         targets.append({
             "name": f"cached decode vs recompute at context {DECODE_SPEEDUP_AT}",
@@ -114,8 +119,15 @@ def evaluate_targets(results):
             "measured": at[0]["speedup"] if at else None,
             "measured_text": (f"{at[0]['speedup']:.1f}x" if at
                               else f"context {DECODE_SPEEDUP_AT} not run in this profile"),
-            "met": (at[0]["speedup"] >= DECODE_SPEEDUP_MIN) if at else None})
+            "met": (at[0]["speedup"] >= DECODE_SPEEDUP_MIN) if at else None,
+            "steady": all(at[0].get(f"{k}_steady", True) for k in ("cached", "recompute"))
+            if at else True})
     return targets
+
+
+def _steady_figures(*stats):
+    """Whether every figure a target was read from came from steady repeats."""
+    return all(s is None or s.get("steady", True) for s in stats)
 
 
 def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None, use_torch=True,
@@ -200,9 +212,9 @@ def _load_text(load):
     return ", ".join(parts) or "?"
 
 
-UNSTEADY_NOTE = (f"~ unsteady: its repeats disagreed by more than {UNSTEADY:g}x (slowest / "
-                 f"fastest) or the threads waited for a CPU for more than {WAIT_LIMIT:.0%} of "
-                 f"the measured time; compare it with care.")
+UNSTEADY_NOTE = (f"~ marks an unsteady figure: its repeats disagreed by more than "
+                 f"{UNSTEADY:g}x (slowest / fastest) or the threads waited for a CPU for more "
+                 f"than {WAIT_LIMIT:.0%} of the measured time; compare it with care.")
 
 
 def _mark(text, *stats):
@@ -310,5 +322,7 @@ def print_memory(out, m):
 def print_targets(out, targets):
     out.header("Targets")
     verdict = {True: "met", False: "MISSED", None: "not run"}
-    out.table(["target", "required", "measured", "verdict"],
-              [[t["name"], t["target"], t["measured_text"], verdict[t["met"]]] for t in targets])
+    rows = [[t["name"], t["target"], _mark(t["measured_text"], {"steady": t.get("steady", True)}),
+             verdict[t["met"]]] for t in targets]
+    out.table(["target", "required", "measured", "verdict"], rows,
+              caption=_caption("", rows).strip() or None)
