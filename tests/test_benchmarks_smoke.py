@@ -205,7 +205,8 @@ def test_unsteady_figures_are_marked_in_the_tables(noisy):
     targets = evaluate_targets({"attention": {**att, "rows": [
         {**r, "T": 2048} for r in rows]}, "decode": {**dec, "rows": [
         {**r, "context": 2048} for r in dec["rows"]]}})
-    assert [t["steady"] for t in targets] == [noisy == "none"] * 2 + [True] + [noisy == "none"]
+    # the speedup target reads the first 2048 row, cached steady unless everything is noisy
+    assert [t["steady"] for t in targets] == [noisy == "none"] * 2 + [True, noisy != "all"]
     from benchmarks.suite import print_targets
     out = Recorder()
     print_targets(out, targets)
