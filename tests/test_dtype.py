@@ -179,8 +179,8 @@ def test_generate_stays_float32(spy, monkeypatch, sampling):
 def test_detector_catches_a_float64_scalar_in_the_residual_stream(spy, monkeypatch):
     real_mlp = transformer_lab.model.mlp
 
-    def mlp_with_float64_scalar(x, m, cfg):
-        return real_mlp(x, m, cfg) * np.float64(1.0)  # a NumPy float64 scalar is not "weak"
+    def mlp_with_float64_scalar(x, m, cfg, **kwargs):
+        return real_mlp(x, m, cfg, **kwargs) * np.float64(1.0)  # a NumPy float64 scalar is not "weak"
 
     monkeypatch.setattr(transformer_lab.model, "mlp", mlp_with_float64_scalar)
     logits = transformer_lab.model.forward(_params(), CFG, _tokens())

@@ -1,5 +1,5 @@
 """transformer_lab: a small, readable, pure-NumPy transformer for teaching and measuring."""
-from .attention import attention_core, attention_weights, causal_mask
+from .attention import attention_core, attention_reference, attention_weights, causal_mask
 from .cache import KVCache
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .gguf_loader import find_model, load_gguf
@@ -15,7 +15,7 @@ __all__ = [
     "Config", "TINY", "TINY_GPT2", "gpt2_config", "llama_config",
     "init_params", "param_shapes", "named_params", "check_params", "check_tokens", "forward", "loss",
     "generate", "generate_stream", "sample_next", "KVCache",
-    "attention_core", "attention_weights", "causal_mask",
+    "attention_core", "attention_reference", "attention_weights", "causal_mask",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
     "sinusoidal_pe", "rope_angles", "apply_rope",
     "load_gguf", "find_model", "BPETokenizer",
