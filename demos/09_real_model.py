@@ -3,8 +3,8 @@
 
 Three looks at a trained model through transformer_lab's own functions:
 1. previous-token heads: every head scored by its mean attention weight on
-   token t−1, found by walking the layers one by one (and checking that the
-   walk reproduces forward()'s logits);
+   token t−1, read from forward()'s activation record (and checking that
+   recording changes nothing in the logits);
 2. the KV cache changes nothing: cached decode against the full forward pass;
 3. decode is memory-bound: measured tokens/s against the bound from memory
    bandwidth and the bound from arithmetic, GQA's smaller cache, and what
@@ -22,13 +22,11 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_num, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import (KVCache, apply_rope, attention_weights, find_model, forward, generate,
-                             load_gguf, rope_angles)
+from transformer_lab import KVCache, find_model, forward, generate, load_gguf
 from transformer_lab.chat import chat_prompt
 from transformer_lab.gguf_loader import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
                                      read_bandwidth, speed_check, time_rows, timed)
-from transformer_lab.model import block, embed, lm_head, norm
 
 NUMBER = 9
 
@@ -65,7 +63,9 @@ STEPS, QUICK_STEPS = 16, 6  # timed decode steps per batch size (median per step
 PREFILL_REPEATS = 3  # the paragraph's forward pass, timed as a prefill: median of 3
 PEAK_N, QUICK_PEAK_N = 2048, 1024
 CHECK_REPEATS = 2  # the quick second measurement of bandwidth and peak, before the timing
-BUDGET_S, QUICK_BUDGET_S = 2.0, 1.0  # seconds that re-measuring unsteady rows may take
+# Seconds that re-measuring unsteady rows may take: one round of decode steps alone takes
+# about 1.3 s (--quick) or 3 s on a quiet machine.
+BUDGET_S, QUICK_BUDGET_S = 4.0, 2.0
 SIMILAR = 1.1  # two rates within 10% of each other are "about the same"
 
 TITLE = {"zh": "显微镜下的真实模型：SmolLM2-135M", "en": "A real model under the microscope: SmolLM2-135M"}
@@ -84,8 +84,8 @@ TEXT = {
         "rank": "名次", "layer": "层", "head": "头", "score": "t−1 上的权重",
         "prev_summary": "全部 {n} 个头的中位数：{med}；若一个头把权重平均分给所有看得见的 token，"
                         "得分只有 {uni}。",
-        "walk_check": "逐层自己走一遍（embed → 每层 norm、q、k、RoPE、attention_weights，"
-                      "再调用 block）得到的 logits 与 forward() 的最大差：{diff}",
+        "walk_check": "权重取自 forward() 的激活记录（acts，打开 patterns）；记录时的 logits "
+                      "与普通 forward() 的最大差：{diff}",
         "heat_title": "第 {l} 层第 {h} 个头，前 {n} 个 token（行：查询，列：键）",
         "kv": "2. KV 缓存：缓存解码对比完整前向",
         "kv_setup": "聊天格式的问题“{q}”（{T} 个 token），贪心生成 {n} 个 token。",
@@ -127,8 +127,8 @@ TEXT = {
                     "{s} 的权重放在 t−1 上，{n} 个头里有 {k} 个超过一半。中位数只有 {med}，"
                     "而把权重平均分配的头得分为 {uni}。演示 05 (d) 里我们只用 RoPE 手工搭出了这样的头；"
                     "这里是训练自己找到的真实版本。",
-        "obs_walk": "我们自己逐层走的结果与 forward() 的 logits 最大差 {diff}："
-                    "热力图里的权重就是模型前向时真正用的那些。",
+        "obs_walk": "热力图里的权重是 forward() 自己在前向时记下的（acts），记录时的 logits "
+                    "与普通 forward() 最多差 {diff}：这些权重就是模型前向时真正用的那些。",
         "obs_heat_first": "热力图里最亮的格子紧贴在对角线下方：每个 token 看它前一个 token。"
                           "从 t = 2 起，t−1 平均得到 {prev}；剩下的权重主要落在第一个 token"
                           "（“{first_tok}”，平均 {first}），其余位置合计只有 {rest}。",
@@ -202,9 +202,9 @@ TEXT = {
         "rank": "rank", "layer": "layer", "head": "head", "score": "weight on t−1",
         "prev_summary": "Median over all {n} heads: {med}. A head spreading its weight evenly "
                         "over the visible tokens would score {uni}.",
-        "walk_check": "Our layer-by-layer walk (embed, then per layer norm, q, k, RoPE, "
-                      "attention_weights, and block) against forward()'s logits: largest "
-                      "difference {diff}",
+        "walk_check": "The weights come from forward()'s activation record (acts with "
+                      "patterns); its logits against a plain forward(): largest difference "
+                      "{diff}",
         "heat_title": "Layer {l}, head {h}, first {n} tokens (rows: query, columns: key)",
         "kv": "2. The KV cache: cached decode against the full forward pass",
         "kv_setup": "The chat-formatted question \"{q}\" ({T} tokens), {n} tokens greedy.",
@@ -256,9 +256,9 @@ TEXT = {
                     "spread head would give {uni}. These are the real counterparts of the "
                     "head we built by hand from RoPE alone in demo 05(d): here training "
                     "found them by itself.",
-        "obs_walk": "Our own layer-by-layer walk reproduces forward()'s logits (largest "
-                    "difference {diff}), so the weights in the heatmap are exactly the ones "
-                    "the model uses.",
+        "obs_walk": "The heatmap's weights were recorded by forward() itself (acts), and "
+                    "recording left the logits as a plain forward() gives them (largest "
+                    "difference {diff}), so they are exactly the weights the model uses.",
         "obs_heat_first": "In the heatmap the bright cells sit just below the diagonal: each "
                           "token looks at the one before it. From t = 2 on, t−1 gets {prev} "
                           "on average; most of the rest goes to the first token "
@@ -356,26 +356,17 @@ def load_model():
 # ---------------------------------------------------------------- 1. previous-token heads
 
 def previous_token_scores(params, cfg, tokens, window=WINDOW):
-    """Walk the layers with the model's own functions; per head, the mean weight on t−1.
+    """Per head, the mean attention weight on t−1, from forward()'s activation record.
 
     Returns (scores [L, H], every head's weights among the first `window` tokens
     [L, H, W, W], logits [1, T, V]).
     """
-    B, T = tokens.shape
-    H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    rope = rope_angles(np.arange(T), D, cfg.rope_base)
-    x = embed(params, cfg, tokens)  # [1, T, d]
-    scores, weights = [], []
-    for p in params["blocks"]:
-        h = norm(x, p["attn_norm"], cfg)
-        q = apply_rope((h @ p["attn"]["wq"]).reshape(B, T, H, D), *rope)  # [1, T, H, D]
-        k = apply_rope((h @ p["attn"]["wk"]).reshape(B, T, G, D), *rope)  # [1, T, G, D]
-        w = attention_weights(q, k)[0]  # [H, T, T]
-        scores.append(np.diagonal(w, offset=-1, axis1=1, axis2=2).mean(axis=-1))  # [H]
-        weights.append(w[:, :window, :window])
-        x = block(x, p, cfg, rope=rope)
-    logits = lm_head(norm(x, params["final_norm"], cfg), params, cfg)
-    return np.array(scores), np.array(weights), logits
+    acts = {"patterns": True}  # ask forward to keep the attention weights too
+    logits = forward(params, cfg, tokens, acts=acts)
+    weights = np.stack([acts[f"blocks[{i}].attn.pattern"][0]
+                        for i in range(cfg.n_layers)])  # [L, H, T, T]
+    scores = np.diagonal(weights, offset=-1, axis1=2, axis2=3).mean(axis=-1)  # [L, H]
+    return scores, weights[:, :, :window, :window], logits
 
 
 def token_label(tokenizer, token_id):
@@ -390,8 +381,8 @@ def heads_part(params, cfg, tokenizer, quick):
         ids = ids[:QUICK_TOKENS]
     tokens = np.array([ids])
     T = tokens.shape[1]
-    scores, weights, walked = previous_token_scores(params, cfg, tokens)
-    logits = forward(params, cfg, tokens)  # the check on the walk
+    scores, weights, recorded = previous_token_scores(params, cfg, tokens)
+    logits = forward(params, cfg, tokens)  # recording must change nothing
     order = np.argsort(scores, axis=None)[::-1]  # best first
     top = [{"layer": int(i // cfg.n_heads), "head": int(i % cfg.n_heads),
             "score": float(scores.flat[i])}
@@ -406,7 +397,7 @@ def heads_part(params, cfg, tokenizer, quick):
         "above_half": int((scores > 0.5).sum()),
         # An even spread over the t + 1 visible tokens puts 1/(t + 1) on t−1.
         "uniform": float(np.mean(1.0 / (np.arange(1, T) + 1))),
-        "walk_max_diff": float(np.abs(walked - logits).max()),
+        "record_max_diff": float(np.abs(recorded - logits).max()),
         "window": {"labels": [token_label(tokenizer, i) for i in ids[:WINDOW]],
                    "weights": w, "prev_mean": prev, "first_mean": first,
                    "rest_mean": 1.0 - prev - first},
@@ -504,7 +495,7 @@ def decode_part(params, cfg, tokenizer, quick, budget):
     batches = [{"batch": B, "median_s": f["median_s"], "best_s": f["best_s"],
                 "spread": f["spread"], "tokens_per_s": B / f["median_s"]}
                for B, f in decode["figures"].items()]
-    # The paragraph's forward pass (run just above for the walk, so warm), timed as a prefill.
+    # The paragraph's forward pass (run above for the heads, so warm), timed as a prefill.
     paragraph = np.array([ids[:QUICK_TOKENS] if quick else ids])  # [1, T]
     prefill = time_rows({"prefill": {"forward": lambda: forward(params, cfg, paragraph)}},
                         repeats=PREFILL_REPEATS, warmup=0, budget=budget)["prefill"]
@@ -670,7 +661,7 @@ def observations(result, lang):
         t["obs_prev"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.3f}",
                              k=hd["above_half"], n=m["n_layers"] * m["n_heads"],
                              med=f"{hd['median']:.3f}", uni=f"{hd['uniform']:.3f}"),
-        t["obs_walk"].format(diff=_diff(hd["walk_max_diff"])),
+        t["obs_walk"].format(diff=_diff(hd["record_max_diff"])),
     ]
     heat = dict(prev=f"{win['prev_mean']:.2f}", first=f"{win['first_mean']:.2f}",
                 rest=f"{win['rest_mean']:.2f}", first_tok=win["labels"][0])
@@ -762,7 +753,7 @@ def render(result, lang="zh"):
                  for i, h in enumerate(hd["top"])])
     print_text(t["prev_summary"].format(n=n_heads, med=f"{hd['median']:.3f}",
                                         uni=f"{hd['uniform']:.3f}"))
-    print_text(t["walk_check"].format(diff=_diff(hd["walk_max_diff"])), style="dim")
+    print_text(t["walk_check"].format(diff=_diff(hd["record_max_diff"])), style="dim")
     best, win = hd["top"][0], hd["window"]
     labels = win["labels"]
     # Column cells are 5 wide: labels of at most 4 keep a space between the column heads.

@@ -142,17 +142,26 @@ def test_one_noisy_row_is_remeasured_and_settles(monkeypatch):
     assert out["b"]["remeasured_s"] > 0
 
 
-def test_a_row_that_stays_noisy_is_remeasured_until_the_budget_is_spent(monkeypatch):
-    slow = [t * 100 for t in NOISY]  # 0.73 s per attempt of row b
+def test_a_row_that_stays_noisy_is_remeasured_while_another_attempt_fits_the_budget(monkeypatch):
+    slow = [t * 100 for t in NOISY]  # 0.83 s per attempt of row b, with b2's 5 ms: 0.835 s
     script = Script({"a1": [QUIET], "a2": [QUIET], "b1": [slow], "b2": [QUIET]})
     monkeypatch.setattr(measure, "run_side_by_side", script)
     budget = Budget(2.0)
     out = time_rows(rows_of("a", "b"), budget=budget)
     assert out["a"]["steady"] and not out["b"]["steady"]
-    # Re-measuring starts only while the budget lasts: 0.84, 1.67, 2.51 s.
-    assert out["b"]["attempts"] == 4
-    assert budget.spent == pytest.approx(3 * (sum(slow) + sum(QUIET)))
-    assert out["b"]["spread"] == pytest.approx(3.2) and not budget.left()
+    # Two more attempts fit in 2 s (1.67 s); a third would end at 2.51 s.
+    assert out["b"]["attempts"] == 3 and out["b"]["remeasured_s"] == budget.spent
+    assert budget.spent == pytest.approx(2 * (sum(slow) + sum(QUIET)))
+    assert out["b"]["spread"] == pytest.approx(3.2) and not budget.fits(0.835)
+
+
+def test_an_attempt_that_would_overrun_the_budget_is_not_started(monkeypatch):
+    # A machine so slow that one attempt costs more than the whole budget: measured once.
+    script = Script({"b1": [[3.0, 1.0, 1.0]], "b2": [[1.0, 1.0, 1.0]]})
+    monkeypatch.setattr(measure, "run_side_by_side", script)
+    budget = Budget(2.0)
+    row = time_rows(rows_of("b"), budget=budget)["b"]
+    assert row["attempts"] == 1 and not row["steady"] and budget.spent == 0
 
 
 def test_the_steadier_attempt_is_kept(monkeypatch):
@@ -160,8 +169,8 @@ def test_the_steadier_attempt_is_kept(monkeypatch):
     better = [1e-3, 2e-3, 1e-3, 1e-3, 1e-3]
     script = Script({"b1": [NOISY, worse, better, worse], "b2": [QUIET]})
     monkeypatch.setattr(measure, "run_side_by_side", script)
-    # Attempts cost 18, 11 and 18 ms (with b2's 5 ms): the third starts at 29 ms, the last.
-    out = time_rows(rows_of("b"), budget=0.04)
+    # Attempts cost 18, 11 and 18 ms (with b2's 5 ms): all three fit in 50 ms, a fourth not.
+    out = time_rows(rows_of("b"), budget=0.05)
     assert out["b"]["attempts"] == 4 and out["b"]["spread"] == pytest.approx(2.0)
 
 
@@ -171,8 +180,8 @@ def test_everything_noisy_shares_one_budget(monkeypatch):
     budget = Budget(2.0)
     out = time_rows(rows_of("a", "b"), budget=budget)
     assert not out["a"]["steady"] and not out["b"]["steady"]
-    # 1.66 s per attempt of a row: one re-measurement each, then the budget is gone.
-    assert [row["attempts"] for row in out.values()] == [2, 2]
+    # 1.66 s per attempt of a row: one re-measurement fits, for the first row only.
+    assert [row["attempts"] for row in out.values()] == [2, 1]
     assert time_rows(rows_of("a"), budget=budget)["a"]["attempts"] == 1  # nothing left
 
 

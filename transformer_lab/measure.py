@@ -127,8 +127,9 @@ class Budget:
         self.seconds = float(seconds)
         self.spent = 0.0
 
-    def left(self) -> bool:
-        return self.spent < self.seconds
+    def fits(self, cost) -> bool:
+        """Whether one more attempt costing `cost` seconds stays within the budget."""
+        return self.spent + cost <= self.seconds
 
 
 def row_summary(figures: dict, attempts=1) -> dict:
@@ -158,31 +159,31 @@ def time_rows(rows: dict, *, repeats=5, warmup=1, budget=2.0) -> dict:
 
     rows: key -> {name: zero-argument callable}. The functions of a row are the ones
     compared with each other, so they are timed together. Every row is measured
-    once; then, while the budget (seconds, or a Budget shared with other calls)
-    lasts, each unsteady row is measured again and the steadier attempt is kept.
+    once; then each unsteady row is measured again, and the steadier attempt kept,
+    as long as another attempt (costing what its last one did) fits in the budget:
+    seconds, or a Budget shared with other calls. A busy machine makes attempts
+    slower, so it gets fewer of them rather than a longer demo.
     Returns key -> row_summary(), with "remeasured_s" the seconds spent re-measuring it.
     """
     budget = budget if isinstance(budget, Budget) else Budget(budget)
-    out = {}
+    out, cost = {}, {}
     for key, fns in rows.items():
-        figures, _ = _measure_row(fns, repeats, warmup)
+        figures, cost[key] = _measure_row(fns, repeats, warmup)
         out[key] = {**row_summary(figures), "remeasured_s": 0.0}
-    while budget.left():
-        pending = [key for key, row in out.items()
-                   if not row["steady"] and row["attempts"] < MAX_ATTEMPTS]
+    while True:
+        pending = [key for key, row in out.items() if not row["steady"]
+                   and row["attempts"] < MAX_ATTEMPTS and budget.fits(cost[key])]
         if not pending:
-            break
+            return out
         for key in pending:
-            if not budget.left():
-                break
-            figures, cost = _measure_row(rows[key], repeats, warmup)
-            budget.spent += cost
-            old = out[key]
-            new = row_summary(figures)
+            if not budget.fits(cost[key]):
+                continue
+            figures, cost[key] = _measure_row(rows[key], repeats, warmup)
+            budget.spent += cost[key]
+            old, new = out[key], row_summary(figures)
             kept = new if unsteadiness(new) < unsteadiness(old) else old
             out[key] = {**kept, "attempts": old["attempts"] + 1,
-                        "remeasured_s": old["remeasured_s"] + cost}
-    return out
+                        "remeasured_s": old["remeasured_s"] + cost[key]}
 
 
 def speed_check(before, after, what) -> dict:
