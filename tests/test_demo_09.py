@@ -527,7 +527,7 @@ def decode_plan(decode=False, prefill=False, slow_bandwidth=False):
         if names == ("forward",):
             return {"forward": jittered(0.3, 3.2 if prefill else 1.05, n=3)}
         return {B: jittered(s, 3.2 if decode else 1.05, n=6)
-                for B, s in zip(names, (36e-3, 60e-3, 95e-3))}
+                for B, s in zip(names, (12e-3, 20e-3, 32e-3))}
     return plan
 
 
@@ -543,7 +543,7 @@ def test_decode_part_on_scripted_timings(monkeypatch, noisy):
     dec = D09.decode_part(params, cfg, Words(cfg.vocab), True, budget)
     assert [b["batch"] for b in dec["batches"]] == [1, 4, 8]
     one = dec["batches"][0]
-    assert one["median_s"] == statistics.median(jittered(36e-3, 3.2 if noisy != "none" else 1.05,
+    assert one["median_s"] == statistics.median(jittered(12e-3, 3.2 if noisy != "none" else 1.05,
                                                          n=6))
     assert one["tokens_per_s"] == 1 / one["median_s"]
     assert dec["prefill"]["tokens"] == D09.QUICK_TOKENS
