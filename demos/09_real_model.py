@@ -69,6 +69,268 @@ BUDGET_S, QUICK_BUDGET_S = 4.0, 2.0
 SIMILAR = 1.1  # two rates within 10% of each other are "about the same"
 
 TITLE = {"zh": "显微镜下的真实模型：SmolLM2-135M", "en": "A real model under the microscope: SmolLM2-135M"}
+
+
+# ---------------------------------------------------------------- the model, loaded once
+
+_MODEL = {}  # the loaded model, kept for the life of the process (tests and run_all reuse it)
+
+
+def load_model():
+    """(path, cfg, params, tokenizer, load seconds), loading on the first call only."""
+    if "model" not in _MODEL:
+        path = find_model()
+        model, seconds = timed(lambda: load_gguf(path))  # once: loading twice proves nothing
+        _MODEL["model"] = (path, *model, seconds)
+    return _MODEL["model"]
+
+
+# ---------------------------------------------------------------- 1. previous-token heads
+
+def previous_token_scores(params, cfg, tokens, window=WINDOW):
+    """Per head, the mean attention weight on t−1, from forward()'s activation record.
+
+    Returns (scores [L, H], every head's weights among the first `window` tokens
+    [L, H, W, W], logits [1, T, V]).
+    """
+    acts = {"patterns": True}  # ask forward to keep the attention weights too
+    logits = forward(params, cfg, tokens, acts=acts)
+    weights = np.stack([acts[f"blocks[{i}].attn.pattern"][0]
+                        for i in range(cfg.n_layers)])  # [L, H, T, T]
+    scores = np.diagonal(weights, offset=-1, axis1=2, axis2=3).mean(axis=-1)  # [L, H]
+    return scores, weights[:, :, :window, :window], logits
+
+
+def token_label(tokenizer, token_id):
+    """A short heatmap label: the token's text without its leading space."""
+    text = tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+    return text.strip() or text.replace(" ", "·").replace("\n", "↵")
+
+
+def heads_part(params, cfg, tokenizer, quick):
+    ids = tokenizer.encode(PARAGRAPH)
+    if quick:
+        ids = ids[:QUICK_TOKENS]
+    tokens = np.array([ids])
+    T = tokens.shape[1]
+    scores, weights, recorded = previous_token_scores(params, cfg, tokens)
+    logits = forward(params, cfg, tokens)  # recording must change nothing
+    order = np.argsort(scores, axis=None)[::-1]  # best first
+    top = [{"layer": int(i // cfg.n_heads), "head": int(i % cfg.n_heads),
+            "score": float(scores.flat[i])}
+           for i in order[:TOP]]
+    best = top[0]
+    w = weights[best["layer"], best["head"]]  # [12, 12]: the first tokens, so rows are complete
+    rows = np.arange(2, WINDOW)
+    prev = float(w[rows, rows - 1].mean())
+    first = float(w[rows, 0].mean())
+    return {
+        "n_tokens": T, "scores": scores, "top": top, "median": float(np.median(scores)),
+        "above_half": int((scores > 0.5).sum()),
+        # An even spread over the t + 1 visible tokens puts 1/(t + 1) on t−1.
+        "uniform": float(np.mean(1.0 / (np.arange(1, T) + 1))),
+        "record_max_diff": float(np.abs(recorded - logits).max()),
+        "window": {"labels": [token_label(tokenizer, i) for i in ids[:WINDOW]],
+                   "weights": w, "prev_mean": prev, "first_mean": first,
+                   "rest_mean": 1.0 - prev - first},
+    }
+
+
+# ---------------------------------------------------------------- 2. KV-cache invariance
+
+def kv_part(params, cfg, tokenizer, quick):
+    n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
+    prompt = np.array([tokenizer.encode(chat_prompt([], QUESTION))])  # [1, T0]
+    T0 = prompt.shape[1]
+    cached = generate(params, cfg, prompt, n, greedy=True, use_cache=True)
+    uncached = generate(params, cfg, prompt, n, greedy=True, use_cache=False)
+    differ = np.nonzero(cached[0, T0:] != uncached[0, T0:])[0]
+
+    # The logits of each cached decode step against the full forward pass at that position.
+    seq = cached[:, :-1]  # the last new token is never fed back
+    full = forward(params, cfg, seq)  # [1, T0 + n - 1, V]
+    cache = KVCache(cfg, 1, seq.shape[1])
+    forward(params, cfg, prompt, cache=cache)
+    steps = [forward(params, cfg, seq[:, t:t + 1], cache=cache)[0, 0]  # token-by-token decode
+             for t in range(T0, seq.shape[1])]
+    diff = float(np.abs(np.array(steps) - full[0, T0:]).max()) if steps else 0.0
+    return {
+        "question": QUESTION, "prompt_tokens": T0, "new_tokens": n,
+        "tokens_cached": cached[0, T0:], "tokens_uncached": uncached[0, T0:],
+        "text_cached": tokenizer.decode(cached[0, T0:]),
+        "text_uncached": tokenizer.decode(uncached[0, T0:]),
+        "same": not differ.size, "first_difference": int(differ[0]) + 1 if differ.size else None,
+        "decode_steps": len(steps), "max_logit_diff": diff,
+        "max_abs_logit": float(np.abs(full).max()),
+    }
+
+
+# ---------------------------------------------------------------- 3. decode speed
+
+def matmul_weight_elements(params, cfg):
+    """Elements of every weight matrix a decode step multiplies by: blocks plus the head."""
+    blocks = sum(w.size for p in params["blocks"] for group in ("attn", "mlp")
+                 for w in p[group].values() if w.ndim == 2)
+    head = params["tok_emb"].size if cfg.tie_embeddings else params["lm_head"]["w"].size
+    return int(blocks + head)
+
+
+def attention_flops(cfg, context):
+    """q·k over `context` keys and weights·v: 4·S·D per query head per layer."""
+    return int(round(4 * context * cfg.head_dim * cfg.n_heads * cfg.n_layers))
+
+
+class Decoder:
+    """B sequences in one KVCache, advanced by one greedy token per step() call.
+
+    The cache holds the prefill and `room` more tokens. When it is full, step()
+    rewinds to the end of the prefill, so every round of timed steps sees the
+    same contexts however often the steps are re-measured.
+    """
+
+    def __init__(self, params, cfg, tokens, room):
+        self.params, self.cfg = params, cfg
+        self.prefill = tokens.shape[1]
+        self.cache = KVCache(cfg, tokens.shape[0], self.prefill + room)
+        logits = forward(params, cfg, tokens, cache=self.cache)[:, -1]  # [B, V]
+        self.next = np.argmax(logits, axis=-1)  # [B]
+
+    def step(self):
+        if self.cache.length == self.cache.max_len:
+            self.cache.length = self.prefill
+        logits = forward(self.params, self.cfg, self.next[:, None], cache=self.cache)[:, -1]
+        self.next = np.argmax(logits, axis=-1)
+
+
+def row_facts(row):
+    """How steady a row of timings was, for the JSON and the ~ marks."""
+    return {key: row[key] for key in ("steady", "spread", "waited", "attempts", "remeasured_s")}
+
+
+def decode_part(params, cfg, tokenizer, quick, budget):
+    steps = QUICK_STEPS if quick else STEPS
+    peak_n = QUICK_PEAK_N if quick else PEAK_N
+    ids = tokenizer.encode(PARAGRAPH)
+    # The quick second measurement of the machine's speed, before the timing; the main one
+    # comes after it. A change in between means the machine's speed changed mid-demo.
+    bandwidth_check = read_bandwidth(repeats=CHECK_REPEATS)
+    peak_check = matmul_peak(peak_n, repeats=CHECK_REPEATS)
+
+    decoders = {}
+    for B in BATCHES:
+        # B different sequences: windows of the paragraph, 4 tokens apart.
+        rows = np.stack([ids[4 * b:4 * b + PREFILL] for b in range(B)])  # [B, PREFILL]
+        decoders[B] = Decoder(params, cfg, rows, room=1 + steps)  # a warm-up step, the timed ones
+    # Round-robin, so that drift in the machine's speed hits every batch size alike.
+    decode = time_rows({"decode": {B: d.step for B, d in decoders.items()}}, repeats=steps,
+                       warmup=1, budget=budget)["decode"]
+    batches = [{"batch": B, "median_s": f["median_s"], "best_s": f["best_s"],
+                "spread": f["spread"], "tokens_per_s": B / f["median_s"]}
+               for B, f in decode["figures"].items()]
+    # The paragraph's forward pass (run above for the heads, so warm), timed as a prefill.
+    paragraph = np.array([ids[:QUICK_TOKENS] if quick else ids])  # [1, T]
+    prefill = time_rows({"prefill": {"forward": lambda: forward(params, cfg, paragraph)}},
+                        repeats=PREFILL_REPEATS, warmup=0, budget=budget)["prefill"]
+    T, pre = paragraph.shape[1], prefill["figures"]["forward"]
+
+    bandwidth = read_bandwidth()  # 512 MiB: larger than any cache here
+    peak = matmul_peak(peak_n)
+    weight_bytes = param_bytes(params)
+    elements = matmul_weight_elements(params, cfg)
+    context = PREFILL + 1 + (steps + 1) / 2  # mean number of keys over the timed steps
+    attn = attention_flops(cfg, context)
+    flops = 2 * elements + attn
+    gqa = KVCache(cfg, 1, 1).bytes_per_token()
+    mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, 1).bytes_per_token()
+    return {
+        "prefill_tokens": PREFILL, "steps": steps, "context": context, "batches": batches,
+        "timing": row_facts(decode),
+        "prefill": {"tokens": T, "seconds": pre["median_s"], "tokens_per_s": T / pre["median_s"],
+                    **row_facts(prefill)},
+        "weight_bytes": weight_bytes, "bandwidth": bandwidth["bytes_per_s"],
+        "bandwidth_bytes": bandwidth["bytes"], "bandwidth_steady": bandwidth["steady"],
+        "peak_flops": peak["flops_per_s"], "peak_n": peak["n"], "peak_steady": peak["steady"],
+        "speed_checks": [speed_check(bandwidth_check["bytes_per_s"], bandwidth["bytes_per_s"],
+                                     "bandwidth"),
+                         speed_check(peak_check["flops_per_s"], peak["flops_per_s"],
+                                     "matmul peak")],
+        "matmul_elements": elements, "attention_flops": attn,
+        "flops_per_token": flops,
+        "memory_bound_s": weight_bytes / bandwidth["bytes_per_s"],
+        "compute_bound_s": flops / peak["flops_per_s"],
+        "kv_bytes_per_token": gqa, "kv_bytes_per_token_mha": mha, "max_seq": cfg.max_seq,
+    }
+
+
+# ---------------------------------------------------------------- verdicts
+
+def _by_batch(decode, B):
+    return next(b for b in decode["batches"] if b["batch"] == B)
+
+
+def verdicts(heads, decode):
+    """What the observations may claim, decided from the results; None: not determined here.
+
+    An ordering is read only from steady timings: the decode steps for the bound and
+    the batch gain, and also a steady bandwidth and peak, unchanged since the check
+    before the timing, for the bounds.
+    """
+    win = heads["window"]
+    out = {"heatmap": "first" if win["first_mean"] > win["rest_mean"] else "rest",
+           "bound": None, "floor": None, "batch_gain": None, "batch_step": None,
+           "prefill": None}
+    one, big = _by_batch(decode, 1), _by_batch(decode, BATCHES[-1])
+    machine = (decode["bandwidth_steady"] and decode["peak_steady"]
+               and not any(c["changed"] for c in decode["speed_checks"]))
+    if decode["timing"]["steady"] and machine:
+        mem_ratio = one["median_s"] / decode["memory_bound_s"]
+        comp_ratio = one["median_s"] / decode["compute_bound_s"]
+        # Nearer on a log scale: how many times off each bound is.
+        out["bound"] = "memory" if abs(np.log(mem_ratio)) <= abs(np.log(comp_ratio)) else "compute"
+        out["floor"] = "above" if mem_ratio >= 1 else "below"
+    if decode["timing"]["steady"]:
+        gain = big["tokens_per_s"] / one["tokens_per_s"]
+        out["batch_gain"] = ("more" if gain >= SIMILAR else "same" if gain > 1 / SIMILAR
+                             else "fewer")
+        # The batch's FLOPs at the measured peak: all the time arithmetic could explain.
+        arithmetic = big["batch"] * decode["flops_per_token"] / decode["peak_flops"]
+        if big["median_s"] / one["median_s"] < SIMILAR:
+            out["batch_step"] = "flat"
+        elif machine:
+            out["batch_step"] = ("blas" if big["median_s"] - one["median_s"] > arithmetic
+                                 else "flops")
+        if decode["prefill"]["steady"]:
+            faster = decode["prefill"]["tokens_per_s"] / one["tokens_per_s"]
+            out["prefill"] = "faster" if faster >= SIMILAR else "not_faster"
+    return out
+
+
+# ---------------------------------------------------------------- compute
+
+def compute(quick=False):
+    try:
+        path, cfg, params, tokenizer, load_s = load_model()
+    except (OSError, ImportError, ValueError) as exc:  # missing model or gguf package, bad file
+        return {"available": False, "reason": str(exc), "install": MODEL_INSTALL_COMMAND}
+    budget = Budget(QUICK_BUDGET_S if quick else BUDGET_S)
+    heads = heads_part(params, cfg, tokenizer, quick)
+    kv = kv_part(params, cfg, tokenizer, quick)
+    decode = decode_part(params, cfg, tokenizer, quick, budget)
+    return {
+        "available": True,
+        "model": {"file": path.name, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
+                  "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+                  "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "vocab": cfg.vocab,
+                  "max_seq": cfg.max_seq, "n_params": param_bytes(params) // cfg.dtype.itemsize,
+                  "param_bytes": param_bytes(params), "dtype": cfg.dtype.name,
+                  "itemsize": cfg.dtype.itemsize},
+        "load_s": load_s, "heads": heads, "kv": kv, "decode": decode,
+        "verdicts": verdicts(heads, decode),
+    }
+
+
+# ---------------------------------------------------------------- text (zh and en)
+
 TEXT = {
     "zh": {
         "missing": "这个演示需要真实模型 SmolLM2-135M-Instruct，但它还没有安装。安装命令：",
@@ -337,264 +599,6 @@ TEXT = {
                        "requests into every decode step.",
     },
 }
-
-
-# ---------------------------------------------------------------- the model, loaded once
-
-_MODEL = {}  # the loaded model, kept for the life of the process (tests and run_all reuse it)
-
-
-def load_model():
-    """(path, cfg, params, tokenizer, load seconds), loading on the first call only."""
-    if "model" not in _MODEL:
-        path = find_model()
-        model, seconds = timed(lambda: load_gguf(path))  # once: loading twice proves nothing
-        _MODEL["model"] = (path, *model, seconds)
-    return _MODEL["model"]
-
-
-# ---------------------------------------------------------------- 1. previous-token heads
-
-def previous_token_scores(params, cfg, tokens, window=WINDOW):
-    """Per head, the mean attention weight on t−1, from forward()'s activation record.
-
-    Returns (scores [L, H], every head's weights among the first `window` tokens
-    [L, H, W, W], logits [1, T, V]).
-    """
-    acts = {"patterns": True}  # ask forward to keep the attention weights too
-    logits = forward(params, cfg, tokens, acts=acts)
-    weights = np.stack([acts[f"blocks[{i}].attn.pattern"][0]
-                        for i in range(cfg.n_layers)])  # [L, H, T, T]
-    scores = np.diagonal(weights, offset=-1, axis1=2, axis2=3).mean(axis=-1)  # [L, H]
-    return scores, weights[:, :, :window, :window], logits
-
-
-def token_label(tokenizer, token_id):
-    """A short heatmap label: the token's text without its leading space."""
-    text = tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
-    return text.strip() or text.replace(" ", "·").replace("\n", "↵")
-
-
-def heads_part(params, cfg, tokenizer, quick):
-    ids = tokenizer.encode(PARAGRAPH)
-    if quick:
-        ids = ids[:QUICK_TOKENS]
-    tokens = np.array([ids])
-    T = tokens.shape[1]
-    scores, weights, recorded = previous_token_scores(params, cfg, tokens)
-    logits = forward(params, cfg, tokens)  # recording must change nothing
-    order = np.argsort(scores, axis=None)[::-1]  # best first
-    top = [{"layer": int(i // cfg.n_heads), "head": int(i % cfg.n_heads),
-            "score": float(scores.flat[i])}
-           for i in order[:TOP]]
-    best = top[0]
-    w = weights[best["layer"], best["head"]]  # [12, 12]: the first tokens, so rows are complete
-    rows = np.arange(2, WINDOW)
-    prev = float(w[rows, rows - 1].mean())
-    first = float(w[rows, 0].mean())
-    return {
-        "n_tokens": T, "scores": scores, "top": top, "median": float(np.median(scores)),
-        "above_half": int((scores > 0.5).sum()),
-        # An even spread over the t + 1 visible tokens puts 1/(t + 1) on t−1.
-        "uniform": float(np.mean(1.0 / (np.arange(1, T) + 1))),
-        "record_max_diff": float(np.abs(recorded - logits).max()),
-        "window": {"labels": [token_label(tokenizer, i) for i in ids[:WINDOW]],
-                   "weights": w, "prev_mean": prev, "first_mean": first,
-                   "rest_mean": 1.0 - prev - first},
-    }
-
-
-# ---------------------------------------------------------------- 2. KV-cache invariance
-
-def kv_part(params, cfg, tokenizer, quick):
-    n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
-    prompt = np.array([tokenizer.encode(chat_prompt([], QUESTION))])  # [1, T0]
-    T0 = prompt.shape[1]
-    cached = generate(params, cfg, prompt, n, greedy=True, use_cache=True)
-    uncached = generate(params, cfg, prompt, n, greedy=True, use_cache=False)
-    differ = np.nonzero(cached[0, T0:] != uncached[0, T0:])[0]
-
-    # The logits of each cached decode step against the full forward pass at that position.
-    seq = cached[:, :-1]  # the last new token is never fed back
-    full = forward(params, cfg, seq)  # [1, T0 + n - 1, V]
-    cache = KVCache(cfg, 1, seq.shape[1])
-    forward(params, cfg, prompt, cache=cache)
-    steps = [forward(params, cfg, seq[:, t:t + 1], cache=cache)[0, 0]  # token-by-token decode
-             for t in range(T0, seq.shape[1])]
-    diff = float(np.abs(np.array(steps) - full[0, T0:]).max()) if steps else 0.0
-    return {
-        "question": QUESTION, "prompt_tokens": T0, "new_tokens": n,
-        "tokens_cached": cached[0, T0:], "tokens_uncached": uncached[0, T0:],
-        "text_cached": tokenizer.decode(cached[0, T0:]),
-        "text_uncached": tokenizer.decode(uncached[0, T0:]),
-        "same": not differ.size, "first_difference": int(differ[0]) + 1 if differ.size else None,
-        "decode_steps": len(steps), "max_logit_diff": diff,
-        "max_abs_logit": float(np.abs(full).max()),
-    }
-
-
-# ---------------------------------------------------------------- 3. decode speed
-
-def matmul_weight_elements(params, cfg):
-    """Elements of every weight matrix a decode step multiplies by: blocks plus the head."""
-    blocks = sum(w.size for p in params["blocks"] for group in ("attn", "mlp")
-                 for w in p[group].values() if w.ndim == 2)
-    head = params["tok_emb"].size if cfg.tie_embeddings else params["lm_head"]["w"].size
-    return int(blocks + head)
-
-
-def attention_flops(cfg, context):
-    """q·k over `context` keys and weights·v: 4·S·D per query head per layer."""
-    return int(round(4 * context * cfg.head_dim * cfg.n_heads * cfg.n_layers))
-
-
-class Decoder:
-    """B sequences in one KVCache, advanced by one greedy token per step() call.
-
-    The cache holds the prefill and `room` more tokens. When it is full, step()
-    rewinds to the end of the prefill, so every round of timed steps sees the
-    same contexts however often the steps are re-measured.
-    """
-
-    def __init__(self, params, cfg, tokens, room):
-        self.params, self.cfg = params, cfg
-        self.prefill = tokens.shape[1]
-        self.cache = KVCache(cfg, tokens.shape[0], self.prefill + room)
-        logits = forward(params, cfg, tokens, cache=self.cache)[:, -1]  # [B, V]
-        self.next = np.argmax(logits, axis=-1)  # [B]
-
-    def step(self):
-        if self.cache.length == self.cache.max_len:
-            self.cache.length = self.prefill
-        logits = forward(self.params, self.cfg, self.next[:, None], cache=self.cache)[:, -1]
-        self.next = np.argmax(logits, axis=-1)
-
-
-def row_facts(row):
-    """How steady a row of timings was, for the JSON and the ~ marks."""
-    return {key: row[key] for key in ("steady", "spread", "waited", "attempts", "remeasured_s")}
-
-
-def decode_part(params, cfg, tokenizer, quick, budget):
-    steps = QUICK_STEPS if quick else STEPS
-    peak_n = QUICK_PEAK_N if quick else PEAK_N
-    ids = tokenizer.encode(PARAGRAPH)
-    # The quick second measurement of the machine's speed, before the timing; the main one
-    # comes after it. A change in between means the machine's speed changed mid-demo.
-    bandwidth_check = read_bandwidth(repeats=CHECK_REPEATS)
-    peak_check = matmul_peak(peak_n, repeats=CHECK_REPEATS)
-
-    decoders = {}
-    for B in BATCHES:
-        # B different sequences: windows of the paragraph, 4 tokens apart.
-        rows = np.stack([ids[4 * b:4 * b + PREFILL] for b in range(B)])  # [B, PREFILL]
-        decoders[B] = Decoder(params, cfg, rows, room=1 + steps)  # a warm-up step, the timed ones
-    # Round-robin, so that drift in the machine's speed hits every batch size alike.
-    decode = time_rows({"decode": {B: d.step for B, d in decoders.items()}}, repeats=steps,
-                       warmup=1, budget=budget)["decode"]
-    batches = [{"batch": B, "median_s": f["median_s"], "best_s": f["best_s"],
-                "spread": f["spread"], "tokens_per_s": B / f["median_s"]}
-               for B, f in decode["figures"].items()]
-    # The paragraph's forward pass (run above for the heads, so warm), timed as a prefill.
-    paragraph = np.array([ids[:QUICK_TOKENS] if quick else ids])  # [1, T]
-    prefill = time_rows({"prefill": {"forward": lambda: forward(params, cfg, paragraph)}},
-                        repeats=PREFILL_REPEATS, warmup=0, budget=budget)["prefill"]
-    T, pre = paragraph.shape[1], prefill["figures"]["forward"]
-
-    bandwidth = read_bandwidth()  # 512 MiB: larger than any cache here
-    peak = matmul_peak(peak_n)
-    weight_bytes = param_bytes(params)
-    elements = matmul_weight_elements(params, cfg)
-    context = PREFILL + 1 + (steps + 1) / 2  # mean number of keys over the timed steps
-    attn = attention_flops(cfg, context)
-    flops = 2 * elements + attn
-    gqa = KVCache(cfg, 1, 1).bytes_per_token()
-    mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, 1).bytes_per_token()
-    return {
-        "prefill_tokens": PREFILL, "steps": steps, "context": context, "batches": batches,
-        "timing": row_facts(decode),
-        "prefill": {"tokens": T, "seconds": pre["median_s"], "tokens_per_s": T / pre["median_s"],
-                    **row_facts(prefill)},
-        "weight_bytes": weight_bytes, "bandwidth": bandwidth["bytes_per_s"],
-        "bandwidth_bytes": bandwidth["bytes"], "bandwidth_steady": bandwidth["steady"],
-        "peak_flops": peak["flops_per_s"], "peak_n": peak["n"], "peak_steady": peak["steady"],
-        "speed_checks": [speed_check(bandwidth_check["bytes_per_s"], bandwidth["bytes_per_s"],
-                                     "bandwidth"),
-                         speed_check(peak_check["flops_per_s"], peak["flops_per_s"],
-                                     "matmul peak")],
-        "matmul_elements": elements, "attention_flops": attn,
-        "flops_per_token": flops,
-        "memory_bound_s": weight_bytes / bandwidth["bytes_per_s"],
-        "compute_bound_s": flops / peak["flops_per_s"],
-        "kv_bytes_per_token": gqa, "kv_bytes_per_token_mha": mha, "max_seq": cfg.max_seq,
-    }
-
-
-# ---------------------------------------------------------------- verdicts
-
-def _by_batch(decode, B):
-    return next(b for b in decode["batches"] if b["batch"] == B)
-
-
-def verdicts(heads, decode):
-    """What the observations may claim, decided from the results; None: not determined here.
-
-    An ordering is read only from steady timings: the decode steps for the bound and
-    the batch gain, and also a steady bandwidth and peak, unchanged since the check
-    before the timing, for the bounds.
-    """
-    win = heads["window"]
-    out = {"heatmap": "first" if win["first_mean"] > win["rest_mean"] else "rest",
-           "bound": None, "floor": None, "batch_gain": None, "batch_step": None,
-           "prefill": None}
-    one, big = _by_batch(decode, 1), _by_batch(decode, BATCHES[-1])
-    machine = (decode["bandwidth_steady"] and decode["peak_steady"]
-               and not any(c["changed"] for c in decode["speed_checks"]))
-    if decode["timing"]["steady"] and machine:
-        mem_ratio = one["median_s"] / decode["memory_bound_s"]
-        comp_ratio = one["median_s"] / decode["compute_bound_s"]
-        # Nearer on a log scale: how many times off each bound is.
-        out["bound"] = "memory" if abs(np.log(mem_ratio)) <= abs(np.log(comp_ratio)) else "compute"
-        out["floor"] = "above" if mem_ratio >= 1 else "below"
-    if decode["timing"]["steady"]:
-        gain = big["tokens_per_s"] / one["tokens_per_s"]
-        out["batch_gain"] = ("more" if gain >= SIMILAR else "same" if gain > 1 / SIMILAR
-                             else "fewer")
-        # The batch's FLOPs at the measured peak: all the time arithmetic could explain.
-        arithmetic = big["batch"] * decode["flops_per_token"] / decode["peak_flops"]
-        if big["median_s"] / one["median_s"] < SIMILAR:
-            out["batch_step"] = "flat"
-        elif machine:
-            out["batch_step"] = ("blas" if big["median_s"] - one["median_s"] > arithmetic
-                                 else "flops")
-        if decode["prefill"]["steady"]:
-            faster = decode["prefill"]["tokens_per_s"] / one["tokens_per_s"]
-            out["prefill"] = "faster" if faster >= SIMILAR else "not_faster"
-    return out
-
-
-# ---------------------------------------------------------------- compute
-
-def compute(quick=False):
-    try:
-        path, cfg, params, tokenizer, load_s = load_model()
-    except (OSError, ImportError, ValueError) as exc:  # missing model or gguf package, bad file
-        return {"available": False, "reason": str(exc), "install": MODEL_INSTALL_COMMAND}
-    budget = Budget(QUICK_BUDGET_S if quick else BUDGET_S)
-    heads = heads_part(params, cfg, tokenizer, quick)
-    kv = kv_part(params, cfg, tokenizer, quick)
-    decode = decode_part(params, cfg, tokenizer, quick, budget)
-    return {
-        "available": True,
-        "model": {"file": path.name, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
-                  "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
-                  "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "vocab": cfg.vocab,
-                  "max_seq": cfg.max_seq, "n_params": param_bytes(params) // cfg.dtype.itemsize,
-                  "param_bytes": param_bytes(params), "dtype": cfg.dtype.name,
-                  "itemsize": cfg.dtype.itemsize},
-        "load_s": load_s, "heads": heads, "kv": kv, "decode": decode,
-        "verdicts": verdicts(heads, decode),
-    }
 
 
 # ---------------------------------------------------------------- render
