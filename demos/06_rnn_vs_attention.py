@@ -48,9 +48,10 @@ TEXT = {
         "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "注意力",
         "loop_over_mm": "逐步÷矩阵乘", "attn_over_loop": "注意力÷逐步", "spread": "波动",
         "rates": "GFLOP/s（注意力按 2n(n+1)d 计）",
-        "unsteady_note": "~ 重测 {s} 后，这些行仍不稳定：重复测量的最慢÷最快超过 {lim}，"
-                         "或者本演示的线程等 CPU 的时间超过测量时间的 {w}。"
-                         "这些行的快慢顺序可能不成立。",
+        "unsteady_after": "~ 重测 {s} 后，这些行仍不稳定",
+        "unsteady_no_time": "~ 这些行不稳定（再测一次会超出 {b} 的重测时间预算）",
+        "unsteady_why": "：重复测量的最慢÷最快超过 {lim}，或者本演示的线程等 CPU 的时间超过"
+                        "测量时间的 {w}。这些行的快慢顺序可能不成立。",
         "busy": "测量时机器很忙：重复测量的结果相差最多 {x} 倍{wait}；标 ~ 的行，"
                 "快慢顺序可能不成立，下面不据此下结论。",
         "busy_wait": "，本演示的线程等 CPU 的时间是测量时间的 {w}（各线程相加）",
@@ -111,10 +112,12 @@ TEXT = {
         "loop": "RNN loop", "matmul": "1 matmul", "attention": "attention",
         "loop_over_mm": "loop÷matmul", "attn_over_loop": "attn÷loop", "spread": "spread",
         "rates": "GFLOP/s (attention: 2n(n+1)d FLOPs)",
-        "unsteady_note": "~ rows still unsteady after {s} of re-measuring: their repeats "
-                         "disagreed by more than {lim} (slowest ÷ fastest), or this demo's "
-                         "threads waited for a CPU for more than {w} of the measured time. "
-                         "Their orderings may not hold.",
+        "unsteady_after": "~ rows still unsteady after {s} of re-measuring",
+        "unsteady_no_time": "~ rows unsteady (one more measurement would not have fitted in "
+                            "the {b} re-measuring budget)",
+        "unsteady_why": ": their repeats disagreed by more than {lim} (slowest ÷ fastest), or "
+                        "this demo's threads waited for a CPU for more than {w} of the "
+                        "measured time. Their orderings may not hold.",
         "busy": "The machine was busy while measuring: repeats varied by up to {x}×{wait}; "
                 "orderings marked ~ may not hold, and none is read from them below.",
         "busy_wait": ", and this demo's threads waited for a CPU for {w} of the measured "
@@ -282,6 +285,7 @@ def compute(quick=False):
                      budget=QUICK_BUDGET_S if quick else BUDGET_S)
     after = matmul_peak(PEAK_N, repeats=3)
     return {"d": D, "dtype": np.dtype(DTYPE).name, "repeats": REPEATS,
+            "budget_s": QUICK_BUDGET_S if quick else BUDGET_S,
             "flops": [flop_counts(n) for n in FLOP_NS],
             "timings": [timing_row(prepared[n][1], rows[n]) for n in ns],
             "speed_check": {**speed_check(before["flops_per_s"], after["flops_per_s"],
@@ -419,9 +423,11 @@ def render(result, lang="zh"):
     print_table(heads, [[ns[i]] + [c[i] for c in cols] for i in range(len(tm))])
     unsteady = [m for m in tm if not m["steady"]]
     if unsteady:
-        print_text(t["unsteady_note"].format(
-            s=fmt_time(sum(m["remeasured_s"] for m in tm)), lim=f"{UNSTEADY:g}×",
-            w=f"{WAIT_LIMIT:.0%}"), style="dim")
+        spent = sum(m["remeasured_s"] for m in tm)
+        head = (t["unsteady_after"].format(s=fmt_time(spent)) if spent > 0
+                else t["unsteady_no_time"].format(b=fmt_time(result["budget_s"])))
+        print_text(head + t["unsteady_why"].format(lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"),
+                   style="dim")
     heads = heads[:4]
     rates = [_right([_gflops(m[f], m[s]) for m in tm], h)
              for (f, s), h in zip((("rnn_flops", "loop_s"), ("matmul_flops", "matmul_s"),

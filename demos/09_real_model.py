@@ -244,7 +244,7 @@ def decode_part(params, cfg, tokenizer, quick, budget):
     mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, 1).bytes_per_token()
     return {
         "prefill_tokens": PREFILL, "steps": steps, "context": context, "batches": batches,
-        "timing": row_facts(decode),
+        "timing": row_facts(decode), "budget_s": budget.seconds,
         "prefill": {"tokens": T, "seconds": pre["median_s"], "tokens_per_s": T / pre["median_s"],
                     **row_facts(prefill)},
         "weight_bytes": weight_bytes, "bandwidth": bandwidth["bytes_per_s"],
@@ -370,9 +370,12 @@ TEXT = {
         "batch_title": "B 个序列一起解码，用一个 batch 为 B 的 KVCache；最后一行是第 1 部分"
                        "那段短文的前向，当作一次预填来计时：",
         "batch": "B", "step": "每步用时", "vs_one": "是 B=1 的", "spread": "波动",
-        "unsteady_note": "~ 重测 {s} 后仍不稳定：重复测量的最慢÷最快超过 {lim}，或者本演示的"
-                         "线程等 CPU 的时间超过测量时间的 {w}；或者带宽、峰值本身不稳定，"
-                         "或与计时前的快速测量相差太多。标 ~ 的数字比较出来的顺序可能不成立。",
+        "unsteady_after": "~ 重测 {s} 后仍不稳定",
+        "unsteady_no_time": "~ 不稳定（再测一次会超出 {b} 的重测时间预算）",
+        "unsteady_plain": "~ 不稳定",
+        "unsteady_why": "：重复测量的最慢÷最快超过 {lim}，或者本演示的线程等 CPU 的时间"
+                        "超过测量时间的 {w}；或者带宽、峰值本身不稳定，或与计时前的快速测量"
+                        "相差太多。标 ~ 的数字比较出来的顺序可能不成立。",
         "busy": "测量时机器很忙：重复测量的结果相差最多 {x} 倍{wait}；标 ~ 的数字，"
                 "比较出来的顺序可能不成立，下面不据此下结论。",
         "busy_wait": "，本演示的线程等 CPU 的时间是测量时间的 {w}（各线程相加）",
@@ -491,12 +494,15 @@ TEXT = {
         "batch_title": "B sequences decoded together, one KVCache of batch B; the last "
                        "row is the paragraph's forward pass above, timed as a prefill:",
         "batch": "B", "step": "per step", "vs_one": "× B=1", "spread": "spread",
-        "unsteady_note": "~ still unsteady after {s} of re-measuring: repeats disagreed by "
-                         "more than {lim} (slowest ÷ fastest) or this demo's threads waited "
-                         "for a CPU for more than {w} of the measured time; for the bounds, "
-                         "the bandwidth or peak was unsteady or moved since the quick check "
-                         "before the timing. Orderings read from figures marked ~ may not "
-                         "hold.",
+        "unsteady_after": "~ still unsteady after {s} of re-measuring",
+        "unsteady_no_time": "~ unsteady (one more measurement would not have fitted in the {b} "
+                            "re-measuring budget)",
+        "unsteady_plain": "~ unsteady",
+        "unsteady_why": ": repeats disagreed by more than {lim} (slowest ÷ fastest) or this "
+                        "demo's threads waited for a CPU for more than {w} of the measured "
+                        "time; for the bounds, the bandwidth or peak was unsteady or moved "
+                        "since the quick check before the timing. Orderings read from "
+                        "figures marked ~ may not hold.",
         "busy": "The machine was busy while measuring: repeats varied by up to {x}×{wait}; "
                 "orderings from figures marked ~ may not hold, and none is read from them "
                 "below.",
@@ -809,9 +815,15 @@ def render(result, lang="zh"):
     print_text(t["batch_title"])
     print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"], t["spread"]], rows)
     if not (timed_ok and pre["steady"] and bw_ok and pk_ok):
-        print_text(t["unsteady_note"].format(
-            s=fmt_time(dec["timing"]["remeasured_s"] + pre["remeasured_s"]),
-            lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"), style="dim")
+        spent = dec["timing"]["remeasured_s"] + pre["remeasured_s"]
+        if spent > 0:
+            head = t["unsteady_after"].format(s=fmt_time(spent))
+        elif not (timed_ok and pre["steady"]):
+            head = t["unsteady_no_time"].format(b=fmt_time(dec["budget_s"]))
+        else:  # only the bandwidth or the peak
+            head = t["unsteady_plain"]
+        print_text(head + t["unsteady_why"].format(lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"),
+                   style="dim")
 
     S = m["max_seq"]
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]

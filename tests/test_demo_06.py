@@ -38,7 +38,7 @@ def fake(loop_s, matmul_s, attention_s, n=4096, rows=None, peak=(300e9, 290e9)):
     demo's own."""
     d = D06.D
     rows = rows or [timing(loop_s, matmul_s, attention_s, n)]
-    return {"d": d, "dtype": "float32", "repeats": 5,
+    return {"d": d, "dtype": "float32", "repeats": 5, "budget_s": 1.0,
             "flops": [D06.flop_counts(m) for m in D06.FLOP_NS], "timings": rows,
             "speed_check": {**speed_check(*peak, "matmul peak"), "n": D06.PEAK_N},
             "decode": D06.decode_intensity(),
@@ -240,7 +240,12 @@ def test_one_noisy_row_is_marked_and_the_observations_quote_a_steady_one():
         flat(items)
     text = rendered_text(D06, result, "en")
     assert "512 ~" in text and " 256 " in text and "256 ~" not in text
-    assert "~ rows still unsteady after 1.00 s of re-measuring" in flat([text])
+    assert "~ rows still unsteady after 1.00 s of re-measuring: their repeats" in flat([text])
+    rows = three_rows(noisy=(512,))
+    rows[-1]["remeasured_s"] = 0.0
+    assert ("~ rows unsteady (one more measurement would not have fitted in the 1.00 s "
+            "re-measuring budget): their repeats") in flat([rendered_text(D06, fake(
+                0, 0, 0, rows=rows), "en")])
 
 
 @pytest.mark.parametrize("lang, unknown", [("en", "could not be determined here"),

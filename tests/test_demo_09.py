@@ -84,7 +84,7 @@ def fake(one_s=36e-3, big_s=95e-3, bandwidth=30e9, peak=280e9, mid_s=90e-3, firs
                "same": same, "first_difference": None if same else 4, "decode_steps": 3,
                "max_logit_diff": 5.3e-5, "max_abs_logit": 36.5},
         "decode": {"prefill_tokens": 16, "steps": 6, "context": 20.5, "batches": batches,
-                   "timing": timing or steadiness(),
+                   "timing": timing or steadiness(), "budget_s": 2.0,
                    "prefill": {"tokens": 120, "seconds": prefill_s,
                                "tokens_per_s": 120 / prefill_s, **(prefill or steadiness())},
                    "weight_bytes": weight_bytes, "bandwidth": bandwidth,
@@ -453,7 +453,14 @@ def test_an_unsteady_prefill_alone_leaves_the_decode_verdicts():
     items = D09.observations(result, "en")
     assert "waited for a CPU for 50% of the measured time" in items[0]
     assert "how much faster it is could not be determined here" in items[-1]
-    assert "prefill 120 tok ~" in rendered_text(D09, copy.deepcopy(result), "en")
+    rendered = rendered_text(D09, copy.deepcopy(result), "en")
+    assert "prefill 120 tok ~" in rendered
+    assert "~ still unsteady after 1.00 s of re-measuring: repeats" in flat([rendered])
+    unmeasured = fake(prefill={**steadiness(False), "remeasured_s": 0.0})
+    assert ("~ unsteady (one more measurement would not have fitted in the 2.00 s "
+            "re-measuring budget): repeats") in flat([rendered_text(D09, unmeasured, "en")])
+    only_bandwidth = flat([rendered_text(D09, fake(bandwidth_steady=False), "en")])
+    assert "memory bound ~" in only_bandwidth and "~ unsteady: repeats" in only_bandwidth
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
