@@ -278,8 +278,8 @@ HEAT_LEGEND = {
            "zero": "· = 0", "dropped": "未显示 {first}–{last} 列：终端宽 {width}",
            "dropped_one": "未显示 {first} 列：终端宽 {width}"},
     "en": {"fixed": "scale, fixed {lo}–{hi}: ", "range": "scale, this map's {lo}–{hi}: ",
-           "zero": "· = 0", "dropped": "columns {first}–{last} not shown: terminal {width} wide",
-           "dropped_one": "column {first} not shown: terminal {width} wide"},
+           "zero": "· = 0", "dropped": "columns {first}–{last} hidden: terminal {width} wide",
+           "dropped_one": "column {first} hidden: terminal {width} wide"},
 }
 
 
@@ -457,7 +457,7 @@ EXPORT_SUFFIXES = (".svg", ".html", ".htm", ".txt")
 # with their ramp intact; black is black, so printed numbers keep their contrast.
 EXPORT_THEME = TerminalTheme(
     (41, 41, 41), (197, 200, 198),
-    [(0, 0, 0), (204, 85, 90), (152, 168, 75), (208, 179, 68), (96, 138, 177), (152, 114, 159),
+    [(0, 0, 0), (204, 85, 90), (152, 168, 75), (208, 179, 68), (50, 90, 170), (152, 114, 159),
      (104, 160, 179), (197, 200, 198)],
     [(154, 155, 153), (255, 110, 103), (180, 210, 100), (255, 230, 120), (130, 170, 230),
      (200, 150, 210), (150, 225, 235), (255, 255, 255)],
@@ -481,7 +481,7 @@ def _place_glyphs(match) -> str:
     centred in its two cells (CJK fonts draw it one em, about 1.6 cells, wide).
     """
     cls, x, y, clip, body = match.groups()
-    text = html.unescape(body)
+    text = html.unescape(body).replace("\xa0", " ")  # rich writes spaces as &#160;
     col, xs = float(x) / _SVG_CELL, []
     for ch in text:
         w = cell_len(ch)
