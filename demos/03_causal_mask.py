@@ -179,7 +179,7 @@ def render(result, lang="zh"):
 
     print_section(t["heat"].format(layer=0, head=HEAD))
     labels = [f"t{i}" for i in range(T)]
-    heatmap(result["weights"], labels, labels)
+    heatmap(result["weights"], labels, labels, scale=(0, 1))
 
     after = mask["causal"][CHANGED:]
     decode_steps = len(cache["steps"]) - 1

@@ -430,7 +430,7 @@ def render(result, lang="zh"):
                                       turn=2 * np.pi / result["head_theta"],
                                       norm=result["head_norm"]))
     labels = [f"t{i}" for i in range(w.shape[0])]
-    heatmap(w, labels, labels, title=t["heat_title"])
+    heatmap(w, labels, labels, title=t["heat_title"], scale=(0, 1))
 
     print_observations(observations(result, lang))
 

@@ -768,7 +768,7 @@ def render(result, lang="zh"):
     labels = win["labels"]
     # Column cells are 5 wide: labels of at most 4 keep a space between the column heads.
     heatmap(win["weights"], labels, [label[:4] for label in labels],
-            title=t["heat_title"].format(l=best["layer"], h=best["head"], n=len(labels)))
+            title=t["heat_title"].format(l=best["layer"], h=best["head"], n=len(labels)), scale=(0, 1))
 
     # 2. KV-cache invariance
     print_section(t["kv"])
