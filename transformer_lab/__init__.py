@@ -1,12 +1,15 @@
 """transformer_lab: a small, readable, pure-NumPy transformer for teaching and measuring."""
 from .attention import attention_core, attention_weights, causal_mask
 from .cache import KVCache
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .gguf_loader import find_model, load_gguf
 from .model import (check_params, check_tokens, forward, generate, generate_stream, init_params,
                     loss, named_params, param_shapes, sample_next)
+from .optim import AdamW, clip_grad_norm, cosine_lr
 from .ops import erf, gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
 from .positions import apply_rope, rope_angles, sinusoidal_pe
+from .tasks import TASKS, Task, get_task
 from .tokenizer import BPETokenizer
 
 __version__ = "0.1.0"
@@ -19,4 +22,6 @@ __all__ = [
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
     "sinusoidal_pe", "rope_angles", "apply_rope",
     "load_gguf", "find_model", "BPETokenizer",
+    "AdamW", "clip_grad_norm", "cosine_lr", "save_checkpoint", "load_checkpoint",
+    "TASKS", "Task", "get_task",
 ]
