@@ -40,6 +40,7 @@ def run_cli(*argv, timeout=180):
     (["--steps", "10", "--warmup", "10"], "--warmup (10) must be smaller than --steps (10)"),
     (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr"),
     (["--arch", "bert"], ("invalid choice: 'bert'", "llama", "gpt2")),
+    (["--threads", "0"], "--threads: must be >= 1"),
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_options_exit_2_with_one_line(argv, needle, capsys):

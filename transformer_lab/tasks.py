@@ -228,7 +228,7 @@ def read_text(path) -> str:
         raise ValueError(f"data file {path} is not UTF-8 text (byte {exc.start})") from None
 
 
-def text_task(seq=128, data=None) -> Task:
+def text_task(seq=64, data=None) -> Task:
     """Character-level language modelling: windows of seq + 1 characters from the corpus.
 
     The vocabulary is the corpus's characters, sorted. `data` is a path; None
@@ -285,4 +285,4 @@ def get_task(name, *, seq=None, vocab=None, digits=3, data=None) -> Task:
         return addition_task(digits)
     if name == "reverse":
         return reverse_task(seq or 16)
-    return text_task(seq or 128, data)
+    return text_task(seq or 64, data)

@@ -35,6 +35,7 @@ import numpy as np
 from .backward import loss_and_grads
 from .checkpoint import config_to_dict, load_checkpoint, save_checkpoint
 from .config import Config, gpt2_config, llama_config
+from .measure import set_blas_threads
 from .model import forward, init_params, sample_next
 from .optim import AdamW, clip_grad_norm, cosine_lr
 from .tasks import TASKS, get_task
@@ -45,9 +46,14 @@ CHECKPOINT = "checkpoint.npz"
 HISTORY = "history.json"
 
 # Defaults, and the smaller ones --quick uses; an option given explicitly always wins.
-DEFAULTS = dict(steps=600, batch=32, d_model=64, layers=2, heads=4, lr=3e-3, seq=None)
+DEFAULTS = dict(steps=None, batch=32, d_model=64, layers=2, heads=4, lr=3e-3, seq=None)
+# Steps by task, enough for the default model to get the samples right (text: readable-ish).
+DEFAULT_STEPS = {"induction": 200, "addition": 600, "reverse": 400, "text": 500}
 QUICK = dict(steps=30, batch=8, d_model=32, layers=2, heads=2, lr=3e-3, seq=None)
 QUICK_SEQ = {"induction": 16, "reverse": 8, "text": 32}
+# Below this width the matmuls are too small for a second BLAS thread to pay; on a busy
+# machine it costs several times the step time, as the threads wait for each other.
+MANY_THREADS_FROM = 256
 # On --resume the model and its data are the checkpoint's; the training options may change.
 FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed")
 CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
@@ -137,8 +143,9 @@ def build_parser():
                         "Python standard library's own sources)")
     p.add_argument("--digits", metavar="N", type=_int_at_least(1), help="addition: digits per number (default 3)")
     p.add_argument("--seq", metavar="T", type=_int_at_least(2), help="tokens per row (induction 64, "
-                   "reverse 16, text 128; addition's is 3*digits+2)")
-    p.add_argument("--steps", metavar="N", type=_int_at_least(1), help=f"total steps (default {DEFAULTS['steps']})")
+                   "reverse 16, text 64; addition's is 3*digits+2)")
+    p.add_argument("--steps", metavar="N", type=_int_at_least(1), help="total steps (default: induction 200, addition 600, reverse 400, "
+                        "text 500)")
     p.add_argument("--batch", metavar="B", type=_int_at_least(1), help=f"rows per step (default {DEFAULTS['batch']})")
     p.add_argument("--lr", metavar="LR", type=_float_range(0, low_open=True),
                    help=f"peak learning rate (default {DEFAULTS['lr']:g})")
@@ -163,6 +170,9 @@ def build_parser():
                    help="also save a checkpoint every N steps (default 100; 0: only at the end)")
     p.add_argument("--samples", metavar="N", type=_int_at_least(0), default=3,
                    help="prompts to complete after training (default 3)")
+    p.add_argument("--threads", metavar="N", type=_int_at_least(1),
+                   help=f"BLAS threads (default 1 below --d-model {MANY_THREADS_FROM}, where a "
+                        "second thread does not pay, else the BLAS default)")
     p.add_argument("--quick", action="store_true",
                    help=f"a tiny run: {QUICK['steps']} steps, batch {QUICK['batch']}, "
                         f"d_model {QUICK['d_model']}, {QUICK['heads']} heads, short rows")
@@ -175,6 +185,8 @@ def resolve(args, parser):
     for key in ("steps", "batch", "d_model", "layers", "heads", "lr"):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS[args.task]
     if args.data is not None and args.task != "text":
         parser.error(f"--data applies to --task text only, not --task {args.task}")
     if args.digits is not None and args.task != "addition":
@@ -311,6 +323,14 @@ def complete(params, cfg, prompt, n, *, rng=None, temperature=0.0):
     return np.array(out, dtype=np.int64)
 
 
+def _clip(text, width):
+    """text, or its first and last few characters around "…" when longer than width."""
+    if len(text) <= width:
+        return text
+    keep = (width - 1) // 2
+    return text[:keep] + "…" + text[-keep:]
+
+
 def show_samples(task, params, cfg, n, seed, printer):
     """Complete n of the task's prompts; for tasks with answers, say which are right."""
     rng = np.random.default_rng(seed + 7919)  # not the training stream
@@ -320,14 +340,15 @@ def show_samples(task, params, cfg, n, seed, printer):
         if answer is None:  # free text: sample a continuation
             budget = cfg.max_seq - len(prompt)
             got = complete(params, cfg, prompt, budget, rng=rng, temperature=0.8)
-            printer(f"{task.decode(prompt)!r} -> {task.decode(got)!r}")
+            # The prompt, then " >>> " where the model takes over; the text keeps its newlines.
+            printer(f"{task.decode(prompt)} >>> {task.decode(got)}")
             continue
         got = complete(params, cfg, prompt, len(answer))
         ok = np.array_equal(got, answer)
         right += ok
         sep = " " if task.name == "induction" else ""
-        printer(f"{task.decode(prompt)}{sep}{task.decode(got)}   "
-                + ("right" if ok else f"wrong, expected {task.decode(answer)}"))
+        verdict = "right" if ok else f"wrong, expected {_clip(task.decode(answer), 24)}"
+        printer(f"{_clip(task.decode(prompt), 24)}{sep}{_clip(task.decode(got), 24)}   {verdict}")
     return right
 
 
@@ -409,12 +430,16 @@ def run(args, parser) -> int:
         rng = np.random.default_rng(args.seed)
     total = run_opts["steps"]
     n_params = sum(a.size for a in _leaves(params))
+    threads = args.threads or (1 if cfg.d_model < MANY_THREADS_FROM else None)
+    if threads is not None:
+        set_blas_threads(threads)
 
     with Progress(step, total) as progress:
         progress.print(f"{task.name}: {task.description}")
         progress.print(f"model: {run_opts['arch']}, d_model {cfg.d_model}, {cfg.n_layers} layers, "
                        f"{cfg.n_heads} heads, vocab {cfg.vocab}, {n_params:,} params, float32; "
-                       f"batch {run_opts['batch']} x {task.seq} tokens"
+                       f"batch {run_opts['batch']} x {task.seq} tokens; "
+                       f"BLAS threads {threads or 'default'}"
                        + (f"; resuming at step {step}" if step else ""))
         with Interrupted() as stop:
             while step < total and not stop.requested:
