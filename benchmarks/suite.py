@@ -271,11 +271,12 @@ def print_train(out, r):
              f"{r['numpy']['fraction_of_peak']:.0%}", "1.00x"]]
     t = r.get("torch")
     if t:
-        rows.append([f"PyTorch {t['version']} eager", out.time(t["best_s"]),
+        rows.append([f"PyTorch {t['version']}", out.time(t["best_s"]),
                      out.num(t["tokens_per_s"]), out.num(t["gflops"]),
                      f"{t['fraction_of_peak']:.0%}", f"{r['numpy_over_torch_time']:.2f}x"])
     out.table(["implementation", "step", "tokens/s", "GFLOP/s", "of peak", "NumPy / this"],
-              rows, caption=_config_text(r["config"]) + f" {r['flops_per_step'] / 1e9:.2f} GFLOP "
+              rows, caption=_config_text(r["config"]) + " PyTorch runs eager with autograd and "
+              f"torch.optim.AdamW. {r['flops_per_step'] / 1e9:.2f} GFLOP "
               f"per step ({r['flop_convention']}); float32 matmul peak ({peak['n']}x{peak['n']}, "
               f"this run) {peak['gflops']:.1f} GFLOP/s. BLAS threads {r['blas_threads']}. "
               f"Timing: {r['timing']}.")

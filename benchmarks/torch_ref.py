@@ -105,7 +105,7 @@ class TorchTrainer:
             p.grad = None
         loss = self._loss(tokens, targets)
         loss.backward()
-        return float(loss), {name: p.grad.numpy().copy() for name, p in self.named.items()}
+        return float(loss.detach()), {name: p.grad.numpy().copy() for name, p in self.named.items()}
 
     def _loss(self, tokens, targets):
         logits = self.model.logits(tokens)  # [B, T, V]
@@ -118,7 +118,7 @@ class TorchTrainer:
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.opt.step()
-        return float(loss), float(norm)
+        return float(loss.detach()), float(norm)
 
 
 def _named(tree, prefix=""):
