@@ -160,3 +160,41 @@ def test_sigint_saves_and_exits_130(tmp_path):
     assert 1 <= extra["step"] < 100000 and len(extra["history"]) == extra["step"]
     history = json.loads((out / "history.json").read_text())
     assert history["step"] == extra["step"]
+
+
+@pytest.mark.parametrize("no_color", [False, True])
+def test_terminal_progress_bar(tmp_path, no_color):
+    """On a terminal the run draws a rich progress bar; under NO_COLOR it has no colour or
+    style codes at all (cursor movement only)."""
+    import pty
+    import re
+
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    env.update(COLUMNS="80", LINES="24", TERM="xterm")
+    if no_color:
+        env["NO_COLOR"] = "1"
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_lab.train", "--quick", "--task", "reverse",
+         "--steps", "3", "--samples", "0", "--out", str(tmp_path)],
+        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the terminal closed: the process has exited
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    assert "step" in text and "3/3" in text and "loss" in text
+    styles = re.findall(r"\x1b\[[0-9;]*m", text)
+    if no_color:
+        assert styles == [], styles[:5]
+    else:
+        assert styles  # a coloured bar
+    assert "Traceback" not in text
