@@ -198,3 +198,27 @@ def test_terminal_progress_bar(tmp_path, no_color):
     else:
         assert styles  # a coloured bar
     assert "Traceback" not in text
+
+
+def test_training_loop_learns_and_clip_none_measures():
+    """The loop of the README's Training section: the loss on the reverse task falls."""
+    task = tl.get_task("reverse", seq=8)
+    cfg = train.make_config(task, "llama", 32, 2, 2)
+    params = tl.init_params(cfg, seed=0)
+    opt = tl.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
+    rng = np.random.default_rng(0)
+    losses = []
+    for step in range(60):
+        tokens, targets = task.batch(16, rng)
+        opt.lr = tl.cosine_lr(step, max_lr=1e-2, warmup=6, total=60, min_lr=1e-3)
+        loss, norm = train.train_step(params, cfg, opt, tokens, targets, clip=1.0)
+        losses.append(loss)
+    assert np.mean(losses[:5]) > 3.0  # about log(27) at the start
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses[::10]  # 3.27 -> 2.41
+    assert all(a.dtype == np.float32 for _, a in tl.named_params(params))
+    # clip=None applies the raw gradient and still reports its norm.
+    tokens, targets = task.batch(4, rng)
+    _, grads = tl.loss_and_grads(params, cfg, tokens, targets)
+    want = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for _, g in tl.named_params(grads)))
+    _, norm = train.train_step(params, cfg, opt, tokens, targets, clip=None)
+    assert abs(norm - want) <= 1e-5 * want

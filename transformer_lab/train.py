@@ -36,7 +36,7 @@ from .backward import loss_and_grads
 from .checkpoint import config_to_dict, load_checkpoint, save_checkpoint
 from .config import Config, gpt2_config, llama_config
 from .measure import set_blas_threads
-from .model import forward, init_params, sample_next
+from .model import forward, init_params, named_params, sample_next
 from .optim import AdamW, clip_grad_norm, cosine_lr
 from .tasks import TASKS, get_task
 
@@ -68,23 +68,12 @@ def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0):
     """
     loss, grads = loss_and_grads(params, cfg, tokens, targets)
     if clip is None:
-        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in _leaves(grads)))
+        norm = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for _, g in named_params(grads)))
     else:
         norm = clip_grad_norm(grads, clip)
     if math.isfinite(loss) and math.isfinite(norm):
         opt.step(grads)
     return loss, norm
-
-
-def _leaves(tree):
-    if isinstance(tree, dict):
-        for v in tree.values():
-            yield from _leaves(v)
-    elif isinstance(tree, list):
-        for v in tree:
-            yield from _leaves(v)
-    else:
-        yield tree.ravel()
 
 
 def make_config(task, arch, d_model, layers, heads) -> Config:
@@ -429,7 +418,7 @@ def run(args, parser) -> int:
         opt = AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
         rng = np.random.default_rng(args.seed)
     total = run_opts["steps"]
-    n_params = sum(a.size for a in _leaves(params))
+    n_params = sum(a.size for _, a in named_params(params))
     threads = args.threads or (1 if cfg.d_model < MANY_THREADS_FROM else None)
     if threads is not None:
         set_blas_threads(threads)
