@@ -80,6 +80,13 @@ def test_resume_without_checkpoint(tmp_path, capsys):
     assert err.count("\n") == 1 and "no checkpoint" in err
 
 
+def test_resume_from_a_damaged_checkpoint(tmp_path, capsys):
+    (tmp_path / "checkpoint.npz").write_bytes(b"PK\x03\x04 cut short")
+    assert train.main(["--quick", "--resume", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checkpoint.npz" in err and "truncated or corrupt" in err
+
+
 def test_quick_run_writes_checkpoint_and_history_then_resume(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("--quick", "--steps", "4", "--out", str(out), "--samples", "2")
