@@ -3,6 +3,7 @@ from .attention import (attention_core, attention_core_backward, attention_refer
                         attention_weights, causal_mask)
 from .backward import loss_and_grads
 from .cache import KVCache
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .gguf_loader import find_model, load_gguf
 from .model import (check_params, check_tokens, forward, generate, generate_stream, init_params,
@@ -10,7 +11,9 @@ from .model import (check_params, check_tokens, forward, generate, generate_stre
 from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backward, gelu_tanh,
                   gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
                   rms_norm_backward, silu, silu_backward, softmax)
+from .optim import AdamW, clip_grad_norm, cosine_lr
 from .positions import apply_rope, apply_rope_backward, rope_angles, sinusoidal_pe
+from .tasks import TASKS, Task, get_task
 from .tokenizer import BPETokenizer
 
 __version__ = "0.1.0"
@@ -25,4 +28,6 @@ __all__ = [
     "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",
     "apply_rope_backward", "attention_core_backward", "cross_entropy_backward",
     "load_gguf", "find_model", "BPETokenizer",
+    "AdamW", "clip_grad_norm", "cosine_lr", "save_checkpoint", "load_checkpoint",
+    "TASKS", "Task", "get_task",
 ]

@@ -231,3 +231,37 @@ def param_bytes(params) -> int:
     from .model import named_params
 
     return sum(int(a.nbytes) for _, a in named_params(params))
+
+
+def set_blas_threads(n: int):
+    """Set how many threads NumPy's OpenBLAS uses from now on; returns the previous count,
+    or None when no OpenBLAS is loaded (another BLAS, or an unusual platform).
+
+    Small matrices (a d_model=64 model's) gain nothing from a second thread and lose a
+    lot when the cores are busy with other work: the threads wait for each other.
+    """
+    import ctypes
+    import os
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = sorted({line.split()[-1] for line in f
+                            if "openblas" in line.lower() and ".so" in line})
+    except OSError:
+        return None
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", ""), ("openblas", "64_"),
+                               ("scipy_openblas", "")):
+            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+            if get is None or set_ is None:
+                continue
+            get.restype = ctypes.c_int
+            previous = int(get())
+            set_(ctypes.c_int(int(n)))
+            return previous
+    return None

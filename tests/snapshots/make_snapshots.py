@@ -336,6 +336,60 @@ def make_grads():
     save("grads", **arrays)
 
 
+# ---------------------------------------------------------------- optimizer
+
+def make_optim():
+    """Several steps of clip_grad_norm_ then torch.optim.AdamW on a small GPT-2 params dict.
+
+    Decay goes to the arrays with ndim >= 2 only (nanoGPT's two param groups),
+    the learning rate changes every step (a warmup then a decay), and the grads
+    are scaled so that some steps are clipped and some are not. Keys: lr, max_norm,
+    betas, eps, weight_decay; p0/<name> the initial params; g<k>/<name> the raw
+    grads of step k; norm (torch's returned total norms); p<k>/<name> the params
+    after step k. The same run in float32 has every key suffixed "32".
+    """
+    cfg = tl.gpt2_config(vocab=16, d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq=8,
+                         dtype=np.float64)
+    rng = np.random.default_rng(1006)
+    names = [name for name, _ in tl.named_params(tl.init_params(cfg, 0))]
+    start = {name: a + 0.1 * rng.normal(size=a.shape)
+             for name, a in tl.named_params(tl.init_params(cfg, 0))}
+    steps = 6
+    lrs = np.array([1e-3, 2e-3, 3e-3, 2.5e-3, 1.5e-3, 5e-4])
+    # Grad norms around max_norm: scales 0.3..3 make some steps clip and some not.
+    scales = np.array([3.0, 0.3, 1.5, 0.5, 2.0, 0.8])
+    grads = [{name: s * rng.normal(size=a.shape) / math.sqrt(len(names) * a.size)
+              for name, a in start.items()} for s in scales]
+    max_norm, betas, eps, wd = 1.0, (0.9, 0.95), 1e-8, 0.1
+    arrays = {"lr": lrs, "max_norm": np.float64(max_norm), "betas": np.array(betas),
+              "eps": np.float64(eps), "weight_decay": np.float64(wd)}
+
+    for dtype, suffix in ((np.float64, ""), (np.float32, "32")):
+        params = {name: torch.tensor(start[name].astype(dtype), requires_grad=True)
+                  for name in names}
+        decay = [p for p in params.values() if p.ndim >= 2]
+        no_decay = [p for p in params.values() if p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=float(lrs[0]), betas=betas, eps=eps, foreach=False)
+        norms = []
+        for name in names:
+            arrays[f"p0/{name}{suffix}"] = start[name].astype(dtype)
+        for k in range(steps):
+            for name, p in params.items():
+                p.grad = t(grads[k][name].astype(dtype))
+                arrays[f"g{k}/{name}{suffix}"] = grads[k][name].astype(dtype)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(list(params.values()), max_norm)))
+            for group in opt.param_groups:
+                group["lr"] = float(lrs[k])
+            opt.step()
+            for name, p in params.items():
+                arrays[f"p{k + 1}/{name}{suffix}"] = n(p).copy()  # n() shares memory
+        arrays[f"norm{suffix}"] = np.array(norms)
+        print(f"  optim {np.dtype(dtype).name}: grad norms {', '.join(f'{x:.2f}' for x in norms)}")
+    save("optim", **arrays)
+
+
 def main():
     torch.manual_seed(0)  # nothing below draws from torch's RNG, but fix it anyway
     print(f"torch {torch.__version__}")
@@ -345,6 +399,7 @@ def main():
     make_rope()
     make_models()
     make_grads()
+    make_optim()
     total = sum(p.stat().st_size for p in HERE.glob("*.npz"))
     print(f"total {total / 1024:.1f} KiB")
 
