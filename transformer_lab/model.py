@@ -13,7 +13,7 @@ import numpy as np
 from .attention import attention_core
 from .cache import KVCache
 from .config import Config
-from .ops import gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
+from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu, softmax
 from .positions import apply_rope, rope_angles, sinusoidal_pe
 
 
@@ -41,8 +41,13 @@ def param_shapes(cfg: Config) -> dict:
     shapes = {"tok_emb": (V, d)}
     if cfg.pos == "learned":
         shapes["pos_emb"] = (cfg.max_seq, d)
-    shapes["blocks"] = [{"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
-                        for _ in range(cfg.n_layers)]
+    def block():
+        # mlp="none" makes an attention-only block: no MLP and no norm in front of it.
+        if cfg.mlp == "none":
+            return {"attn_norm": norm(), "attn": dict(attn)}
+        return {"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
+
+    shapes["blocks"] = [block() for _ in range(cfg.n_layers)]
     shapes["final_norm"] = norm()
     shapes["lm_head"] = head
     return shapes
@@ -188,9 +193,11 @@ def mlp(x, m, cfg: Config):
 
 
 def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0):
-    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x))."""
+    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x)) unless mlp="none"."""
     x = x + attention(norm(x, p["attn_norm"], cfg), p["attn"], cfg,
                       rope=rope, causal=causal, cache=cache, layer=layer)
+    if cfg.mlp == "none":
+        return x
     return x + mlp(norm(x, p["mlp_norm"], cfg), p["mlp"], cfg)
 
 
@@ -250,16 +257,25 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None)
     return lm_head(norm(x, params["final_norm"], cfg), params, cfg)  # [B, T, vocab]
 
 
-def loss(params, cfg: Config, tokens, targets):
-    """Mean cross-entropy of the next-token predictions over all B*T positions."""
-    targets = np.asarray(targets)
-    tokens = np.asarray(tokens)
+def check_targets(targets, tokens, cfg: Config):
+    """Targets are ids in [0, vocab), or -1 for a position the loss ignores, shaped as tokens."""
+    targets, tokens = np.asarray(targets), np.asarray(tokens)
     if targets.shape != tokens.shape:
         raise ValueError(f"targets shape {targets.shape} must equal tokens shape {tokens.shape}")
-    check_tokens(targets, cfg)
+    if targets.size and np.issubdtype(targets.dtype, np.integer):
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < -1 or hi >= cfg.vocab:
+            raise ValueError(f"target {lo if lo < -1 else hi} is out of range: targets are ids in "
+                             f"[0, {cfg.vocab}) for vocab={cfg.vocab}, or -1 to ignore a position")
+    return targets  # dtype and all-ignored are checked by cross_entropy
+
+
+def loss(params, cfg: Config, tokens, targets):
+    """Mean cross-entropy of the next-token predictions over the positions whose target is
+    not -1 (ignored, as a prompt is). All targets -1 is a ValueError."""
+    targets = check_targets(targets, tokens, cfg)
     logits = forward(params, cfg, tokens)  # [B, T, V]
-    logp = log_softmax(logits.reshape(-1, cfg.vocab))  # [B*T, V]
-    return float(-logp[np.arange(logp.shape[0]), targets.reshape(-1)].mean())
+    return cross_entropy(logits, targets)
 
 
 # ---------------------------------------------------------------- generation
