@@ -189,3 +189,61 @@ def test_op_backwards_keep_float32():
     q, k = x.reshape(1, 2, 3, 4)[:, :, :2], x.reshape(1, 2, 3, 4)[:, :, 2:]
     assert all(a.dtype == f for a in attention_core_backward(q.reshape(1, 2, 8), q, k, k))
     assert cross_entropy_backward(x, np.zeros((2, 3), int)).dtype == f
+
+
+# ------------------------------------------------------------------ the model's pieces
+
+def test_linear_backward():
+    from transformer_lab.backward import linear_backward
+    p = {"w": rng.normal(size=(4, 3)), "b": rng.normal(size=3)}
+    x = rng.normal(size=(2, 5, 4))
+    check_op(lambda x, w, b: x @ w + b,
+             lambda d, x, w, b: (lambda dx, g: (dx, g["w"], g["b"]))(
+                 *linear_backward(d, x, {"w": w, "b": b}, "w", "b")),
+             [x, p["w"], p["b"]])
+    dx, g = linear_backward(np.ones((2, 3)), x[0, :2], {"w": p["w"]}, "w", "b")
+    assert set(g) == {"w"}  # no bias, no bias gradient
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+def test_embed_backward_accumulates_repeated_tokens(pos):
+    from transformer_lab import gpt2_config
+    from transformer_lab.backward import embed_backward
+    cfg = gpt2_config(vocab=7, d_model=4, n_heads=1, n_layers=1, d_ff=4, max_seq=6, pos=pos,
+                      dtype=np.float64)
+    tokens = np.array([[3, 1, 3], [3, 0, 6]])  # token 3 three times
+    dx = rng.normal(size=(2, 3, 4))
+    grads = embed_backward(dx, tokens, cfg)
+    want = np.zeros((7, 4))
+    for b in range(2):
+        for t in range(3):
+            want[tokens[b, t]] += dx[b, t]
+    np.testing.assert_allclose(grads["tok_emb"], want, rtol=1e-15)
+    if pos == "learned":
+        np.testing.assert_allclose(grads["pos_emb"][:3], dx.sum(axis=0), rtol=1e-15)
+        assert np.all(grads["pos_emb"][3:] == 0.0)  # positions past T were not read
+    else:
+        assert set(grads) == {"tok_emb"}  # sinusoidal positions have no parameters
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_lm_head_backward(tied):
+    from transformer_lab import gpt2_config
+    from transformer_lab.backward import lm_head_backward
+    from transformer_lab.model import lm_head
+    cfg = gpt2_config(vocab=5, d_model=3, n_heads=1, n_layers=1, d_ff=4, max_seq=4,
+                      tie_embeddings=tied, dtype=np.float64)
+    emb, w, b = rng.normal(size=(5, 3)), rng.normal(size=(3, 5)), rng.normal(size=5)
+
+    def params(emb, w, b):
+        return {"tok_emb": emb, "lm_head": {"b": b} if tied else {"w": w, "b": b}}
+
+    def backward(d, x, emb, w, b):
+        dx, g, dtok = lm_head_backward(d, x, params(emb, w, b), cfg)
+        if tied:
+            return dx, dtok, np.zeros_like(w), g["b"]
+        assert dtok is None
+        return dx, np.zeros_like(emb), g["w"], g["b"]
+
+    check_op(lambda x, emb, w, b: lm_head(x, params(emb, w, b), cfg), backward,
+             [rng.normal(size=(2, 3, 3)), emb, w, b])
