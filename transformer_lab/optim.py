@@ -93,6 +93,7 @@ class AdamW:
         self.step_count = 0  # t: steps taken so far
         self.m = {name: np.zeros_like(p) for name, p in self._params.items()}  # first moments
         self.v = {name: np.zeros_like(p) for name, p in self._params.items()}  # second moments
+        self._buffers = {}  # dtype -> scratch for step()
 
     def decays(self, name) -> bool:
         """Whether the array called `name` (e.g. "blocks[0].attn.wq") gets weight decay."""
@@ -126,15 +127,31 @@ class AdamW:
         bias2_sqrt = math.sqrt(1.0 - beta2 ** t)
         for name, p in self._params.items():
             g, m, v = leaves[name], self.m[name], self.v[name]
+            # One scratch array per dtype, as large as the largest param, so the update
+            # allocates nothing; every scalar is a Python float, so float32 stays float32.
+            buf = self._scratch(p)
             if self.weight_decay and p.ndim >= 2:
                 p *= 1.0 - lr * self.weight_decay
-            m += (1.0 - beta1) * (g - m)  # torch's lerp: the same as beta1*m + (1-beta1)*g
+            np.subtract(g, m, out=buf)
+            buf *= 1.0 - beta1
+            m += buf  # torch's lerp: m + (1 - beta1)(g - m) = beta1 m + (1 - beta1) g
+            np.multiply(g, g, out=buf)
+            buf *= 1.0 - beta2
             v *= beta2
-            v += (1.0 - beta2) * (g * g)
-            denom = np.sqrt(v)
-            denom /= bias2_sqrt
-            denom += self.eps
-            p -= step_size * (m / denom)
+            v += buf
+            np.sqrt(v, out=buf)
+            buf /= bias2_sqrt
+            buf += self.eps  # buf = sqrt(v_hat) + eps
+            np.divide(m, buf, out=buf)
+            buf *= step_size
+            p -= buf
+
+    def _scratch(self, p):
+        flat = self._buffers.get(p.dtype)
+        if flat is None or flat.size < p.size:
+            size = max(a.size for a in self._params.values() if a.dtype == p.dtype)
+            flat = self._buffers[p.dtype] = np.empty(size, dtype=p.dtype)
+        return flat[:p.size].reshape(p.shape)
 
     # -------- state, for checkpoints
 
