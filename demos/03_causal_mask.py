@@ -14,8 +14,7 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import fmt_float, heatmap, print_observations, print_section, print_table, print_text
-from transformer_lab import TINY, KVCache, apply_rope, attention_weights, forward, init_params, rope_angles
-from transformer_lab.model import embed, norm
+from transformer_lab import TINY, KVCache, forward, init_params
 
 NUMBER = 3
 SEED = 3
@@ -126,15 +125,10 @@ def cache_experiment(params, tokens):
 
 
 def head_weights(params, tokens):
-    """Layer 0's attention weights [T, T] for head HEAD, from the model's own q and k."""
-    cfg, p = TINY, params["blocks"][0]
-    # The stream entering layer 0 is the token embeddings (RoPE adds no position vector).
-    x = norm(embed(params, cfg, tokens), p["attn_norm"], cfg)  # [1, T, d]
-    q = (x @ p["attn"]["wq"]).reshape(1, T, cfg.n_heads, cfg.head_dim)
-    k = (x @ p["attn"]["wk"]).reshape(1, T, cfg.n_kv_heads, cfg.head_dim)
-    cos, sin = rope_angles(np.arange(T), cfg.head_dim, cfg.rope_base)
-    w = attention_weights(apply_rope(q, cos, sin), apply_rope(k, cos, sin))  # [1, H, T, T]
-    return w[0, HEAD]
+    """Layer 0's attention weights [T, T] for head HEAD, as forward() computes them."""
+    acts = {"patterns": True}
+    forward(params, TINY, tokens, acts=acts)
+    return acts["blocks[0].attn.pattern"][0, HEAD]  # [T, T]
 
 
 def compute(quick=False):

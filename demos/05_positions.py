@@ -18,7 +18,6 @@ from console import (fmt_float, heatmap, print_observations, print_section, prin
                      print_text)
 from transformer_lab import (TINY, apply_rope, attention_weights, forward, init_params,
                              rope_angles, sinusoidal_pe)
-from transformer_lab.model import embed, norm
 
 NUMBER = 5
 SEED = 5
@@ -193,13 +192,9 @@ def permutation_diffs(seed=SEED):
 def first_layer_weights(seed=SEED):
     """Layer 1's attention weights [1, H, T, T] with RoPE and no mask, as forward() computes them."""
     params, tokens = tiny_model(seed)
-    cfg, blk = TINY, params["blocks"][0]
-    T, H, G, D = tokens.shape[1], cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    x = norm(embed(params, cfg, tokens), blk["attn_norm"], cfg)  # [1, T, d]
-    q = (x @ blk["attn"]["wq"]).reshape(1, T, H, D)
-    k = (x @ blk["attn"]["wk"]).reshape(1, T, G, D)
-    rope = rope_angles(np.arange(T), D, cfg.rope_base)
-    return attention_weights(apply_rope(q, *rope), apply_rope(k, *rope), causal=False)
+    acts = {"patterns": True}
+    forward(params, TINY, tokens, causal=False, use_rope=True, acts=acts)
+    return acts["blocks[0].attn.pattern"]
 
 
 # ---------------------------------------------------------------- (b) sinusoidal

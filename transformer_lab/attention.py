@@ -41,21 +41,36 @@ def _check_shapes(q, k, v, offset, causal):
             f"the last query would need keys that do not exist")
 
 
-def _grouped_weights(q, k, offset, causal, scale):
-    """Softmax weights [B, G, R, T, S]: the R = H // G query heads of a group as extra rows."""
+def _reference_weights(q, k, offset, causal, scale):
+    """Softmax weights [B, G, R, T, S]: query head h = g*R + r reads K/V group g."""
     B, T, H, D = q.shape
     _, S, G, _ = k.shape
     R = H // G
     # The scale keeps the scores' spread near 1 whatever D is, so softmax does not
     # saturate; a Python float so that float32 inputs stay float32.
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    qg = (q * scale).reshape(B, T, G, R, D).transpose(0, 2, 3, 1, 4)  # [B, G, R, T, D]
-    qg = qg.reshape(B, G, R * T, D)  # [B, G, R*T, D]
-    kt = k.transpose(0, 2, 3, 1)  # [B, G, D, S]
-    scores = (qg @ kt).reshape(B, G, R, T, S)  # [B, G, R, T, S]
+    qg = q.reshape(B, T, G, R, D)  # [B, T, G, R, D], a view: no K/V is repeated per head
+    scores = np.einsum("btgrd,bsgd->bgrts", qg, k, optimize=True) * scale  # [B, G, R, T, S]
     if causal:
         scores = np.where(causal_mask(T, S, offset), scores, -np.inf)
     return softmax(scores, axis=-1)
+
+
+def attention_reference(q, k, v, offset=0, *, causal=True, scale=None):
+    """The readable form of attention: softmax(q k^T * scale + mask) v, as two einsums.
+
+    Read this one; attention_core computes the same numbers faster (blocked, in
+    place, skipping the masked half) and is tested against it. Shapes as in
+    attention_core: q [B, T, H, D], k and v [B, S, G, D], returns [B, T, H*D].
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    offset = int(offset)
+    _check_shapes(q, k, v, offset, causal)
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    weights = _reference_weights(q, k, offset, causal, scale)  # [B, G, R, T, S]
+    out = np.einsum("bgrts,bsgd->btgrd", weights, v, optimize=True)  # [B, T, G, R, D]
+    return out.reshape(B, T, H * D)  # head h = g*R + r: the same order as q's heads
 
 
 # Causal blocks of query positions. Aim for ~2 MiB of float32 scores per block
@@ -132,7 +147,7 @@ def attention_weights(q, k, offset=0, *, causal=True, scale=None):
     offset = int(offset)
     _check_shapes(q, k, None, offset, causal)
     B, T, H, _ = q.shape
-    return _grouped_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])
+    return _reference_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])
 
 
 def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None):
