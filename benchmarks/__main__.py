@@ -11,7 +11,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
         description="transformer_lab benchmarks: attention_core throughput, forward tokens/s, "
-                    "KV-cache decode and memory. Prints tables and writes the same figures as JSON.")
+                    "KV-cache decode and memory, a training step. Prints tables and writes the same "
+                    "figures as JSON.")
     parser.add_argument("--quick", action="store_true",
                         help="a short run at smaller sizes (T up to 512, contexts up to 512)")
     parser.add_argument("--json", metavar="PATH", default=str(DEFAULT_JSON),

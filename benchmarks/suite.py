@@ -12,10 +12,11 @@ from console import to_jsonable
 
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-SECTIONS = ("attention", "forward", "decode")
+SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
@@ -39,13 +40,17 @@ class Profile:
     decode_repeats_cached: int = 20
     decode_repeats_recompute: int = 3
     model: dict = field(default_factory=dict)
+    train_B: int = 8
+    train_T: int = 128
+    train_repeats: int = 5
+    train_model: dict = field(default_factory=dict)  # overrides fields of the training config
 
 
 FULL = Profile("full")
 QUICK = Profile("quick", attn_sizes=(128, 512), attn_repeats=5, einsum_max_T=128,
                 peak_repeats=5, forward_B=1, forward_T=256, forward_repeats=3,
                 decode_contexts=(128, 256, 512), decode_repeats_cached=10,
-                decode_repeats_recompute=2)
+                decode_repeats_recompute=2, train_repeats=2)
 
 # Targets: attention_core >= 0.8x the batched-matmul formulation at every size and >= 30 %
 # of the matmul peak at T = 2048; forward within 1.3x of PyTorch; cached decode at most
@@ -54,6 +59,7 @@ CORE_VS_BMM_MIN = 0.8
 PEAK_FRACTION_MIN = 0.30
 PEAK_AT_T = 2048
 TORCH_RATIO_MAX = 1.3
+TRAIN_TORCH_RATIO_MAX = 2.0
 DECODE_SPEEDUP_MIN = 10.0
 DECODE_SPEEDUP_AT = 2048
 LINEARITY_MAX = 1.15
@@ -92,6 +98,15 @@ def evaluate_targets(results):
             "measured_text": (f"{ratio:.2f}x" if ratio is not None
                               else f"skipped: {fwd.get('torch_skipped')}"),
             "met": None if ratio is None else ratio <= TORCH_RATIO_MAX})
+    tr = results.get("train")
+    if tr:
+        ratio = tr.get("numpy_over_torch_time")
+        targets.append({
+            "name": "training step time vs PyTorch eager (forward, backward, AdamW)",
+            "target": f"<= {TRAIN_TORCH_RATIO_MAX}x", "measured": ratio,
+            "measured_text": (f"{ratio:.2f}x" if ratio is not None
+                              else f"skipped: {tr.get('torch_skipped')}"),
+            "met": None if ratio is None else ratio <= TRAIN_TORCH_RATIO_MAX})
     dec = results.get("decode")
     if dec:
         lin = dec.get("linearity")
@@ -153,6 +168,14 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None
                                          repeats=profile.forward_repeats, use_torch=use_torch)
         results["load"]["after_forward"] = load_average()
         print_forward(out, results["forward"])
+
+    if "train" in sections:
+        tcfg = train_config(**profile.train_model)
+        results["train"] = run_train(tcfg, B=profile.train_B, T=profile.train_T,
+                                     repeats=profile.train_repeats, peak_n=profile.peak_n,
+                                     peak_repeats=profile.peak_repeats, use_torch=use_torch)
+        results["load"]["after_train"] = load_average()
+        print_train(out, results["train"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -238,6 +261,36 @@ def print_forward(out, f):
                           f"{t['logits_max_abs_diff']:.2e}, max |logit| {t['logits_max_abs']:.2e})"])
     else:
         out.observations([f"PyTorch row skipped: {f['torch_skipped']}."])
+
+
+def print_train(out, r):
+    out.header(f"Training step (B={r['B']}, T={r['T']}, float32: forward, backward, AdamW)")
+    peak = r["matmul_peak"]
+    rows = [["transformer_lab (NumPy)", out.time(r["numpy"]["best_s"]),
+             out.num(r["numpy"]["tokens_per_s"]), out.num(r["numpy"]["gflops"]),
+             f"{r['numpy']['fraction_of_peak']:.0%}", "1.00x"]]
+    t = r.get("torch")
+    if t:
+        rows.append([f"PyTorch {t['version']} eager", out.time(t["best_s"]),
+                     out.num(t["tokens_per_s"]), out.num(t["gflops"]),
+                     f"{t['fraction_of_peak']:.0%}", f"{r['numpy_over_torch_time']:.2f}x"])
+    out.table(["implementation", "step", "tokens/s", "GFLOP/s", "of peak", "NumPy / this"],
+              rows, caption=_config_text(r["config"]) + f" {r['flops_per_step'] / 1e9:.2f} GFLOP "
+              f"per step ({r['flop_convention']}); float32 matmul peak ({peak['n']}x{peak['n']}, "
+              f"this run) {peak['gflops']:.1f} GFLOP/s. BLAS threads {r['blas_threads']}. "
+              f"Timing: {r['timing']}.")
+    m = r["memory"]
+    notes = [f"Activation record of one step: {m['activation_record_bytes'] / 2**20:.1f} MiB in "
+             f"{m['activation_record_arrays']} arrays (parameters: {m['params_bytes'] / 2**20:.1f} "
+             f"MiB); NumPy's peak during loss_and_grads: {m['peak_step_bytes'] / 2**20:.1f} MiB "
+             f"above what it held before (tracemalloc)."]
+    if t:
+        notes.append(f"Same weights, same batch: loss {t['loss']:.4f} in PyTorch, |diff| "
+                     f"{t['loss_abs_diff']:.1e}; gradients agree: {t['grads_agree']} (largest "
+                     f"relative difference {t['grads_max_rel_diff']:.1e}).")
+    else:
+        notes.append(f"PyTorch row skipped: {r['torch_skipped']}.")
+    out.observations(notes)
 
 
 def _config_text(c):

@@ -19,6 +19,7 @@ from benchmarks.__main__ import parse_args
 from benchmarks.bench_attention import (attention_bmm, attention_einsum, attention_flops,
                                         causal_flops, make_qkv, run_attention)
 from benchmarks.bench_model import memory_report, mid_config, run_decode, run_forward
+from benchmarks.bench_train import run_train, step_flops, train_config
 from benchmarks.output import Output
 from transformer_lab import attention_core
 
@@ -30,7 +31,10 @@ TINY = replace(QUICK, name="tiny", attn_sizes=(16, 40), attn_groups=(4, 1), attn
                peak_repeats=1, forward_B=2, forward_T=12, forward_repeats=1,
                decode_contexts=(4, 8, 16), decode_repeats_cached=1, decode_repeats_recompute=1,
                model=dict(vocab=96, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
-                          max_seq=64))
+                          max_seq=64),
+               train_B=2, train_T=8, train_repeats=1,
+               train_model=dict(vocab=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1,
+                                d_ff=64, max_seq=8))
 
 
 @pytest.mark.parametrize("T,S,H,G,offset", [(1, 1, 2, 1, 0), (9, 9, 4, 2, 0), (5, 12, 4, 4, 7),
@@ -104,10 +108,19 @@ def test_run_all_writes_json(tmp_path):
     else:  # PyTorch installed: the same weights must give the same logits
         assert fwd["torch"]["logits_agree"], fwd["torch"]
         assert fwd["numpy_over_torch_time"] > 0
+    tr = data["train"]
+    assert tr["numpy"]["best_s"] > 0 and tr["flops_per_step"] == step_flops(
+        train_config(**TINY.train_model), 2, 8)
+    assert tr["memory"]["activation_record_bytes"] > 0 and tr["memory"]["peak_step_bytes"] > 0
+    if tr["torch"] is None:
+        assert tr["torch_skipped"]
+    else:  # the same weights must give the same loss and gradients
+        assert tr["torch"]["grads_agree"], tr["torch"]
+        assert tr["torch"]["loss_abs_diff"] < 1e-4 and tr["numpy_over_torch_time"] > 0
     assert {"rows", "fit", "linearity"} <= set(data["decode"])
     assert data["memory"]["kv_bytes_per_token"] > 0
     names = [t["name"] for t in data["targets"]]
-    assert len(names) == 5 and all("met" in t for t in data["targets"])
+    assert len(names) == 6 and all("met" in t for t in data["targets"])
     assert data["targets"] == json.loads(json.dumps(evaluate_targets(results)))
 
 
@@ -125,6 +138,22 @@ def test_run_all_one_section_without_json():
     results = run_all(TINY, None, sections=("attention",), out=Output(quiet=True))
     assert "forward" not in results and "decode" not in results
     assert len(results["targets"]) == 2
+
+
+def test_step_flops_by_hand():
+    # d=4, 1 head of 4, 1 layer, d_ff=8, vocab 10, SwiGLU; B=1, T=2.
+    cfg = train_config(vocab=10, d_model=4, n_heads=1, n_kv_heads=1, n_layers=1, d_ff=8, max_seq=2)
+    weights = 4 * 4 * 4 + 3 * 4 * 8 + 4 * 10  # wq wk wv wo, gate up down, head
+    attention = 4 * 4 * 3  # 4*D per causal pair; T=2 has 3 pairs
+    assert step_flops(cfg, 1, 2) == 3 * (2 * 2 * weights + attention)
+
+
+def test_train_without_torch_skips_the_row():
+    cfg = train_config(**TINY.train_model)
+    res = run_train(cfg, B=1, T=4, repeats=1, peak_n=32, peak_repeats=1, use_torch=False)
+    assert res["torch"] is None and res["torch_skipped"] and "numpy_over_torch_time" not in res
+    (target,) = evaluate_targets({"train": res})
+    assert target["met"] is None and "skipped" in target["measured_text"]
 
 
 def test_cli_parses_options():
