@@ -27,10 +27,8 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import (AdamW, Config, apply_rope, attention_weights, clip_grad_norm,
-                             cosine_lr, init_params, log_softmax, rope_angles)
-from transformer_lab.backward import loss_and_grads
-from transformer_lab.model import block, embed, lm_head, norm
+from transformer_lab import (AdamW, Config, clip_grad_norm, cosine_lr, forward, init_params,
+                             log_softmax, loss_and_grads, named_params)
 
 NUMBER = 10
 SEED = 10
@@ -224,22 +222,12 @@ def make_batch(batch, rng):
     return tokens, targets, periods
 
 
-def walk(params, cfg, tokens):
-    """The forward pass layer by layer: logits [B, T, V] and every head's weights
-    [L, B, H, T, T], from the model's own functions."""
-    B, T = tokens.shape
-    H, D = cfg.n_heads, cfg.head_dim
-    rope = rope_angles(np.arange(T), D, cfg.rope_base)
-    x = embed(params, cfg, tokens)  # [B, T, d]
-    patterns = []
-    for p in params["blocks"]:
-        h = norm(x, p["attn_norm"], cfg)
-        a = p["attn"]
-        q = apply_rope((h @ a["wq"] + a["bq"]).reshape(B, T, H, D), *rope)  # [B, T, H, D]
-        k = apply_rope((h @ a["wk"] + a["bk"]).reshape(B, T, cfg.n_kv_heads, D), *rope)
-        patterns.append(attention_weights(q, k))  # [B, H, T, T]
-        x = block(x, p, cfg, rope=rope)
-    return lm_head(norm(x, params["final_norm"], cfg), params, cfg), np.stack(patterns)
+def logits_and_patterns(params, cfg, tokens):
+    """forward() with the activation record: logits [B, T, V] and every head's attention
+    weights [L, B, H, T, T]."""
+    acts = {"patterns": True}
+    logits = forward(params, cfg, tokens, acts=acts)
+    return logits, np.stack([acts[f"blocks[{i}].attn.pattern"] for i in range(cfg.n_layers)])
 
 
 # ---------------------------------------------------------------- scores
@@ -278,7 +266,7 @@ def even_scores(periods, T):
 def evaluate(params, cfg, tokens, targets, periods):
     """Held-out losses of the random part and the repeat, the best head of each kind's
     score, and every head's scores [L, H]."""
-    logits, patterns = walk(params, cfg, tokens)
+    logits, patterns = logits_and_patterns(params, cfg, tokens)
     logp = log_softmax(logits.astype(np.float64))  # [B, T, V]
     keep = targets >= 0
     nll = -np.take_along_axis(logp, np.where(keep, targets, 0)[..., None], axis=-1)[..., 0]
@@ -365,7 +353,7 @@ def compute(quick=False):
 
     shown = display_sequence()
     P = DISPLAY_PERIOD
-    _, patterns = walk(params, cfg, shown)
+    _, patterns = logits_and_patterns(params, cfg, shown)
     prev_map = patterns[0, 0, prev_head, :SHOW, :SHOW]  # the first SHOW positions
     ind_map = patterns[1, 0, ind_head, P + 1:, :SHOW]  # the repeat's queries, the first keys
     marks = induction_targets([P], shown.shape[1])[0, P + 1:, :SHOW]
@@ -375,7 +363,7 @@ def compute(quick=False):
     return {
         "vocab": VOCAB, "min_period": MIN_PERIOD, "max_period": MAX_PERIOD, "seq": SEQ,
         "chance": chance, "n_layers": N_LAYERS,
-        "n_params": int(sum(a.size for a in _leaves(params))),
+        "n_params": int(sum(a.size for _, a in named_params(params))),
         "min_lr": MIN_LR_SHARE * sizes["lr"], "clip": CLIP, "eval_batch": EVAL_BATCH,
         "eval_every": EVAL_EVERY, "table_every": TABLE_EVERY, **sizes,
         "seconds": seconds,
@@ -391,17 +379,6 @@ def compute(quick=False):
                     "prev_mean": float(np.diagonal(prev_map, offset=-1).mean()),
                     "induction_mean": float((ind_map * marks).sum() / marks.sum())},
     }
-
-
-def _leaves(tree):
-    if isinstance(tree, dict):
-        for sub in tree.values():
-            yield from _leaves(sub)
-    elif isinstance(tree, list):
-        for sub in tree:
-            yield from _leaves(sub)
-    else:
-        yield tree
 
 
 def _at(curve, step):

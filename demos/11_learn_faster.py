@@ -23,10 +23,8 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import fmt_time, print_observations, print_section, print_table, print_text
-from transformer_lab import (AdamW, clip_grad_norm, cosine_lr, forward, gpt2_config,
-                             init_params, llama_config)
-from transformer_lab.backward import loss_and_grads
-from transformer_lab.ops import cross_entropy
+from transformer_lab import (AdamW, clip_grad_norm, cosine_lr, cross_entropy, forward,
+                             gpt2_config, init_params, llama_config, loss_and_grads, named_params)
 from transformer_lab.tasks import text_task
 
 NUMBER = 11
@@ -36,9 +34,9 @@ EVAL_SEED = 1000  # the evaluation batch: the same windows for every row and see
 
 SIZES = {  # full run, --quick
     False: {"d_model": 64, "n_heads": 4, "n_layers": 2, "seq": 64, "batch": 16,
-            "eval_batch": 32},
+            "eval_batch": 128},
     True: {"d_model": 32, "n_heads": 4, "n_layers": 2, "seq": 32, "batch": 8,
-           "eval_batch": 16},
+           "eval_batch": 64},
 }
 GELU_FF = 4  # the GPT-2 MLP is 4 d wide; SwiGLU's three matrices get 8/3 d (the same params)
 
@@ -66,23 +64,25 @@ TEXT = {
         "task": "任务：{desc}。每一步取 {b} 段、每段 {t} 个字符的新窗口；恰好训练 {n} 步。"
                 "损失在同一批固定的 {e} 段评估窗口上算（单位 nat），随机水平是 "
                 "ln {v} = {chance:.3f}。",
-        "model": "GPT-2 式模型：{l} 层，d = {d}，{h} 个头，LayerNorm、GELU（MLP {ff} 宽）、"
+        "model": "GPT-2 式模型：{l} 层，d = {d}，{h} 个头，LayerNorm、tanh 近似的 GELU（MLP {ff} 宽）、"
                  "学出来的位置、偏置、词嵌入与输出层共享；{p} 个参数。",
         "rows": "2. 一次加一个改动（每行保留上面所有行的改动）",
         "row": "", "change": "改动", "setting": "设置", "loss": "{n} 步后的损失",
         "gain": "比上一行", "baseline": "基线", "schedule": "+ 预热与余弦",
         "adamw": "+ AdamW", "arch": "+ 架构",
-        "s_baseline": "SGD，lr {lr:g}，不变",
-        "s_schedule": "SGD，lr {lr:g}，预热 {w} 步",
-        "s_adamw": "AdamW，lr {lr:g}，wd {wd:g}",
-        "s_arch": "RMSNorm、SwiGLU、RoPE",
-        "legend": "均值 ± 标准差，{k} 个种子（种子决定初始权重和训练数据）。预热与余弦："
-                  "lr 在前 {w} 步线性升到峰值，再按余弦降到峰值的 {ms:.0%}。梯度裁剪到 {c:g}。"
-                  "最后一行的模型：pre-norm RMSNorm、SwiGLU（MLP {ff} 宽）、RoPE，"
-                  "没有偏置；{p} 个参数。",
+        "s_baseline": "SGD lr {lr:g}",
+        "s_schedule": "SGD lr {lr:g}",
+        "s_adamw": "AdamW lr {lr:g}",
+        "s_arch": "Llama 式块",
+        "lower": "低 {x}", "higher": "反而高 {x}",
+        "legend": "均值 ± 标准差，{k} 个种子（种子决定初始权重和训练数据）。第 1 行的 lr "
+                  "一直不变；从第 2 行起先预热 {w} 步（线性升到峰值），再按余弦降到峰值的 "
+                  "{ms:.0%}。AdamW：betas {b1:g}、{b2:g}，权重衰减 {wd:g}。梯度都裁剪到 {c:g}。"
+                  "Llama 式块：pre-norm RMSNorm、SwiGLU（MLP {ff} 宽）、RoPE，没有偏置；"
+                  "{p} 个参数。",
         "time": "12 次训练共用时 {t}（NumPy，本机）。",
-        "obs_rank": "作用最大的是“{best}”：损失从 {a} 降到 {b}，少了 {g}。"
-                    "其次是“{second}”（少了 {g2}），最小的是“{least}”（{g3}）。",
+        "obs_rank": "作用最大的是“{best}”：损失从 {a} 降到 {b}，低了 {g}。"
+                    "其次是“{second}”（{g2}），最小的是“{least}”（{g3}）。",
         "obs_noise": "每一步改进都比种子之间的差别大：最大的标准差只有 {s}。",
         "obs_noise_some": "“{names}”的改进不比种子之间的差别大（标准差达 {s}）："
                           "只跑一个种子，看不出它是否真的有用。",
@@ -98,24 +98,26 @@ TEXT = {
         "task": "Task: {desc}. Each step draws {b} fresh windows of {t} characters; exactly {n} "
                 "steps. The loss is measured on one fixed evaluation batch of {e} windows "
                 "(nats); chance is ln {v} = {chance:.3f}.",
-        "model": "GPT-2-style model: {l} layers, d = {d}, {h} heads, LayerNorm, GELU (MLP "
-                 "{ff} wide), learned positions, biases, tied embeddings; {p} parameters.",
+        "model": "GPT-2-style model: {l} layers, d = {d}, {h} heads, LayerNorm, tanh GELU "
+                 "(MLP {ff} wide), learned positions, biases, tied embeddings; {p} parameters.",
         "rows": "2. One change at a time (each row keeps every change above it)",
-        "row": "", "change": "change", "setting": "setting", "loss": "loss after {n} steps",
-        "gain": "vs row above", "baseline": "baseline", "schedule": "+ warmup, cosine",
+        "row": "", "change": "change", "setting": "setting", "loss": "loss at {n}",
+        "gain": "vs above", "baseline": "baseline", "schedule": "+ warmup, cosine",
         "adamw": "+ AdamW", "arch": "+ architecture",
-        "s_baseline": "SGD, lr {lr:g}, constant",
-        "s_schedule": "SGD, lr {lr:g}, {w} warmup",
-        "s_adamw": "AdamW, lr {lr:g}, wd {wd:g}",
-        "s_arch": "RMSNorm, SwiGLU, RoPE",
+        "s_baseline": "SGD lr {lr:g}",
+        "s_schedule": "SGD lr {lr:g}",
+        "s_adamw": "AdamW lr {lr:g}",
+        "s_arch": "Llama-style block",
+        "lower": "{x} lower", "higher": "{x} higher",
         "legend": "Mean ± std over {k} seeds (a seed sets the initial weights and the training "
-                  "data). Warmup and cosine: the lr climbs linearly for {w} steps, then falls "
-                  "along a cosine to {ms:.0%} of the peak. Gradients clipped to {c:g}. The last "
-                  "row's model: pre-norm RMSNorm, SwiGLU (MLP {ff} wide), RoPE, no biases; "
-                  "{p} parameters.",
+                  "data). Row 1 keeps its lr constant; from row 2 on it climbs linearly for "
+                  "{w} warmup steps, then falls along a cosine to {ms:.0%} of the peak. AdamW: "
+                  "betas {b1:g}, {b2:g}, weight decay {wd:g}. Gradients clipped to {c:g} in "
+                  "every row. Llama-style block: pre-norm RMSNorm, SwiGLU (MLP {ff} wide), "
+                  "RoPE, no biases; {p} parameters.",
         "time": "All 12 training runs took {t} (NumPy, this machine).",
         "obs_rank": "The change that mattered most is \"{best}\": the loss went from {a} to "
-                    "{b}, {g} lower. Next is \"{second}\" ({g2} lower); the least is "
+                    "{b}, {g} lower. Next is \"{second}\" ({g2}); the least is "
                     "\"{least}\" ({g3}).",
         "obs_noise": "Every step of improvement is larger than the differences between seeds: "
                      "the largest std is only {s}.",
@@ -144,11 +146,7 @@ def configs(vocab, sizes):
 
 
 def n_params(params):
-    if isinstance(params, dict):
-        return sum(n_params(v) for v in params.values())
-    if isinstance(params, list):
-        return sum(n_params(v) for v in params)
-    return int(params.size)
+    return sum(int(a.size) for _, a in named_params(params))
 
 
 def sgd_step(params, grads, lr):
@@ -210,8 +208,14 @@ def compute(quick=False):
         "gelu_ff": cfgs["gpt2"].d_ff, "swiglu_ff": cfgs["llama"].d_ff,
         "params": {arch: n_params(init_params(cfg, 0)) for arch, cfg in cfgs.items()},
         "warmup": WARMUP, "min_share": MIN_SHARE, "clip": CLIP, "weight_decay": WEIGHT_DECAY,
+        "betas": list(BETAS),
         "rows": rows, "seconds": seconds,
     }
+
+
+def _change(gain, t):
+    """A gain as words: "0.036 lower", or "0.010 higher" when the row made things worse."""
+    return (t["lower"] if gain >= 0 else t["higher"]).format(x=f"{abs(gain):.3f}")
 
 
 def _loss(row):
@@ -227,8 +231,8 @@ def observations(result, lang):
     above = {r["name"]: rows[i] for i, r in enumerate(rows[1:])}
     items = [t["obs_rank"].format(best=t[best["name"]], a=f"{above[best['name']]['mean']:.3f}",
                                   b=f"{best['mean']:.3f}", g=f"{best['gain']:.3f}",
-                                  second=t[second["name"]], g2=f"{second['gain']:.3f}",
-                                  least=t[least["name"]], g3=f"{least['gain']:+.3f}")]
+                                  second=t[second["name"]], g2=_change(second["gain"], t),
+                                  least=t[least["name"]], g3=_change(least["gain"], t))]
     for r in changes:
         if r["gain"] < 0:
             items.append(t["obs_worse"].format(name=t[r["name"]],
@@ -263,8 +267,8 @@ def render(result, lang="zh"):
     for i, row in enumerate(result["rows"]):
         settings = {
             "baseline": t["s_baseline"].format(lr=row["lr"]),
-            "schedule": t["s_schedule"].format(lr=row["lr"], w=result["warmup"]),
-            "adamw": t["s_adamw"].format(lr=row["lr"], wd=result["weight_decay"]),
+            "schedule": t["s_schedule"].format(lr=row["lr"]),
+            "adamw": t["s_adamw"].format(lr=row["lr"]),
             "arch": t["s_arch"],
         }
         gain = "" if row["gain"] is None else f"{-row['gain']:+.3f}"
@@ -273,6 +277,8 @@ def render(result, lang="zh"):
                  t["gain"]], table)
     print_text(t["legend"].format(k=len(result["seeds"]), w=result["warmup"],
                                   ms=result["min_share"], c=result["clip"],
+                                  b1=result["betas"][0], b2=result["betas"][1],
+                                  wd=result["weight_decay"],
                                   ff=result["swiglu_ff"], p=f"{result['params']['llama']:,}"),
                style="dim")
     print_text(t["time"].format(t=fmt_time(result["seconds"])), style="dim")
