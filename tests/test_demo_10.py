@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 
-from demo_helpers import demo, rendered_text
+from demo_helpers import demo, quick_result, rendered_text
 from transformer_lab import forward, init_params
 
 D10 = demo(10)
@@ -13,7 +13,7 @@ D10 = demo(10)
 
 @pytest.fixture(scope="module")
 def quick():
-    return D10.compute(quick=True)
+    return quick_result(10)
 
 
 def flat(items):

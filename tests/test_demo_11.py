@@ -5,14 +5,14 @@ import copy
 import numpy as np
 import pytest
 
-from demo_helpers import demo, rendered_text
+from demo_helpers import demo, quick_result, rendered_text
 
 D11 = demo(11)
 
 
 @pytest.fixture(scope="module")
 def quick():
-    return D11.compute(quick=True)
+    return quick_result(11)
 
 
 def flat(items):
