@@ -25,7 +25,7 @@ import _common  # noqa: F401  (puts the repo root on sys.path when run from a ch
 from console import fmt_time, print_observations, print_section, print_table, print_text
 from transformer_lab import (AdamW, clip_grad_norm, cosine_lr, cross_entropy, forward,
                              gpt2_config, init_params, llama_config, loss_and_grads, named_params)
-from transformer_lab.tasks import text_task
+from transformer_lab.tasks import default_text_files, read_text, text_task
 
 NUMBER = 11
 STEPS = 100
@@ -61,7 +61,8 @@ TITLE = {"zh": "100 步里学得更快", "en": "Learn faster in 100 steps"}
 TEXT = {
     "zh": {
         "setup": "1. 任务与起点",
-        "task": "任务：{desc}。每一步取 {b} 段、每段 {t} 个字符的新窗口；恰好训练 {n} 步。"
+        "task": "任务：逐字符预测 Python 源码，语料是 {files} 个标准库模块，共 {chars} 个字符、"
+                "{v} 种字符。每一步取 {b} 段、每段 {t} 个字符的新窗口；恰好训练 {n} 步。"
                 "损失在同一批固定的 {e} 段评估窗口上算（单位 nat），随机水平是 "
                 "ln {v} = {chance:.3f}。",
         "model": "GPT-2 式模型：{l} 层，d = {d}，{h} 个头，LayerNorm、tanh 近似的 GELU（MLP {ff} 宽）、"
@@ -95,8 +96,9 @@ TEXT = {
     },
     "en": {
         "setup": "1. The task and the starting point",
-        "task": "Task: {desc}. Each step draws {b} fresh windows of {t} characters; exactly {n} "
-                "steps. The loss is measured on one fixed evaluation batch of {e} windows "
+        "task": "Task: predict Python source character by character, from {files} "
+                "standard-library modules ({chars} characters, {v} distinct). Each step draws "
+                "{b} fresh windows of {t} characters; exactly {n} steps. The loss is measured on one fixed evaluation batch of {e} windows "
                 "(nats); chance is ln {v} = {chance:.3f}.",
         "model": "GPT-2-style model: {l} layers, d = {d}, {h} heads, LayerNorm, tanh GELU "
                  "(MLP {ff} wide), learned positions, biases, tied embeddings; {p} parameters.",
@@ -188,6 +190,8 @@ def train_once(setup, cfg, task, sizes, seed, eval_batch):
 def compute(quick=False):
     sizes = SIZES[quick]
     task = text_task(seq=sizes["seq"])
+    files = default_text_files()  # the corpus text_task reads, to describe it
+    chars = len("\n\n".join(read_text(f) for f in files))
     cfgs = configs(task.vocab, sizes)
     eval_batch = task.batch(sizes["eval_batch"], np.random.default_rng(EVAL_SEED))
     start = time.perf_counter()
@@ -203,7 +207,7 @@ def compute(quick=False):
         row["gain"] = above["mean"] - row["mean"]
     rows[0]["gain"] = None
     return {
-        "task": task.description, "vocab": task.vocab, "chance": math.log(task.vocab),
+        "files": len(files), "chars": chars, "vocab": task.vocab, "chance": math.log(task.vocab),
         "steps": STEPS, "seeds": list(SEEDS), **sizes,
         "gelu_ff": cfgs["gpt2"].d_ff, "swiglu_ff": cfgs["llama"].d_ff,
         "params": {arch: n_params(init_params(cfg, 0)) for arch, cfg in cfgs.items()},
@@ -238,14 +242,14 @@ def observations(result, lang):
             items.append(t["obs_worse"].format(name=t[r["name"]],
                                                a=f"{above[r['name']]['mean']:.3f}",
                                                b=f"{r['mean']:.3f}"))
-    max_std = max(r["std"] for r in rows)
-    small = [r for r in changes if abs(r["gain"]) <= max(r["std"], above[r["name"]]["std"])]
+    spread = {r["name"]: max(r["std"], above[r["name"]]["std"]) for r in changes}
+    small = [r for r in changes if abs(r["gain"]) <= spread[r["name"]]]
     if small:
-        sep = "、" if lang == "zh" else "\", \""
+        sep = "”、“" if lang == "zh" else "\", \""
         items.append(t["obs_noise_some"].format(names=sep.join(t[r["name"]] for r in small),
-                                                s=f"{max_std:.3f}"))
+                                                s=f"{max(spread[r['name']] for r in small):.3f}"))
     else:
-        items.append(t["obs_noise"].format(s=f"{max_std:.3f}"))
+        items.append(t["obs_noise"].format(s=f"{max(r['std'] for r in rows):.3f}"))
     items.append(t["obs_total"].format(n=result["steps"], a=f"{rows[0]['mean']:.3f}",
                                        b=f"{rows[-1]['mean']:.3f}", chance=result["chance"]))
     items.append(t["obs_kinds"].format(p1=f"{result['params']['gpt2']:,}",
@@ -256,7 +260,8 @@ def observations(result, lang):
 def render(result, lang="zh"):
     t = TEXT[lang]
     print_section(t["setup"])
-    print_text(t["task"].format(desc=result["task"], b=result["batch"], t=result["seq"],
+    print_text(t["task"].format(files=result["files"], chars=f"{result['chars']:,}",
+                                b=result["batch"], t=result["seq"],
                                 n=result["steps"], e=result["eval_batch"], v=result["vocab"],
                                 chance=result["chance"]))
     print_text(t["model"].format(l=result["n_layers"], d=result["d_model"], h=result["n_heads"],
