@@ -7,8 +7,8 @@ random tokens, then the same tokens again. The random part cannot be predicted
 previous-token head in layer 0 writes "the token before me" into each position;
 an induction head in layer 1 matches the current token against that, finds the
 position right after the token's earlier occurrence, and copies what is there.
-The repeat's loss sits at chance for a while, then falls steeply in a few dozen
-steps: the phase change. Everything trains here, from random weights, with
+The repeat's loss creeps down from chance for a while, then most of its fall
+comes within some fifty steps, as both heads appear: the phase change. Everything trains here, from random weights, with
 loss_and_grads and AdamW.
 
 Unlike tasks.induction_task, whose repeat always starts half a sequence later,
