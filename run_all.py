@@ -5,6 +5,7 @@
     python run_all.py --lang en --quick
     python run_all.py --only 1,3,5 --export slides.svg
     python run_all.py --json > results.json
+    python run_all.py --figures figures/  # also PNG and SVG figures (needs matplotlib)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "demos"))
 
+import _figures  # noqa: E402
 import console  # noqa: E402
 from _common import (LANGS, OneLineParser, UsageError, load_demos, render_demo,  # noqa: E402
                      resolve_lang)
@@ -41,13 +43,15 @@ def main(argv=None) -> int:
     parser = OneLineParser(
         prog="run_all.py", description="Run the transformer_lab lecture demos in order.",
         valid_hint="valid options: --only N,N  --lang zh|en  --quick  --export FILE.svg|.html|.txt  "
-                   "--json  --pause")
+                   "--json  --pause  --figures DIR")
     parser.add_argument("--only", help=f"comma-separated demo numbers ({', '.join(map(str, numbers))})")
     parser.add_argument("--lang", help=f"{' or '.join(LANGS)}; also TRANSFORMER_LAB_LANG")
     parser.add_argument("--quick", action="store_true", help="smaller timing sizes")
     parser.add_argument("--export", metavar="FILE", help="write everything printed to .svg, .html or .txt")
     parser.add_argument("--json", action="store_true", help="computed results as JSON, no tables")
     parser.add_argument("--pause", action="store_true", help="wait for Enter between demos and parts")
+    parser.add_argument("--figures", metavar="DIR", help="also write PNG and SVG figures there "
+                        "(needs matplotlib)")
     args = parser.parse_args(argv)
     try:
         lang = resolve_lang(args.lang)
@@ -55,7 +59,8 @@ def main(argv=None) -> int:
         if args.export and Path(args.export).suffix.lower() not in EXPORT_SUFFIXES:
             raise UsageError(f"--export {args.export!r}: choose a file ending in "
                              f"{', '.join(EXPORT_SUFFIXES)}")
-    except UsageError as e:
+        writer = _figures.prepare(args.figures, lang) if args.figures else None
+    except (UsageError, _figures.FigureError) as e:
         sys.stderr.write(f"run_all.py: error: {e}\n")
         return 2
 
@@ -66,6 +71,8 @@ def main(argv=None) -> int:
         if demo.NUMBER not in chosen:
             continue
         result = demo.compute(quick=args.quick)
+        if writer:
+            writer.write(demo, result)
         if args.json:
             results[f"{demo.NUMBER:02d}"] = {"title": demo.TITLE[lang], "result": result}
             continue
@@ -73,6 +80,8 @@ def main(argv=None) -> int:
             console.pause()
         render_demo(demo, result, lang)
         results[f"{demo.NUMBER:02d}"] = True
+    if writer:
+        sys.stderr.write(writer.summary() + "\n")
     if args.json:
         print(json.dumps(to_jsonable({"lang": lang, "demos": results}), ensure_ascii=False, indent=1))
         return 0

@@ -19,6 +19,7 @@ ROOT = DEMOS_DIR.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
+import _figures  # noqa: E402  (imports matplotlib only when figures are asked for)
 import console  # noqa: E402
 from console import to_jsonable  # noqa: E402
 
@@ -66,11 +67,14 @@ def resolve_lang(cli_lang: str | None) -> str:
 
 def demo_parser(prog: str, description: str) -> OneLineParser:
     parser = OneLineParser(prog=prog, description=description,
-                           valid_hint="valid options: --lang zh|en, --quick, --json, --pause")
+                           valid_hint="valid options: --lang zh|en, --quick, --json, --pause, "
+                                      "--figures DIR")
     parser.add_argument("--lang", help="zh (default) or en; also TRANSFORMER_LAB_LANG")
     parser.add_argument("--quick", action="store_true", help="smaller timing sizes")
     parser.add_argument("--json", action="store_true", help="print the computed results as JSON")
     parser.add_argument("--pause", action="store_true", help="wait for Enter between parts")
+    parser.add_argument("--figures", metavar="DIR",
+                        help="also write PNG and SVG figures there (needs matplotlib)")
     return parser
 
 
@@ -88,7 +92,8 @@ def run_demo(module, argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         lang = resolve_lang(args.lang)
-    except UsageError as e:
+        writer = _figures.prepare(args.figures, lang) if args.figures else None
+    except (UsageError, _figures.FigureError) as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
     console.set_pause(args.pause)
@@ -97,6 +102,9 @@ def run_demo(module, argv=None) -> int:
         print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
     else:
         render_demo(module, result, lang)
+    if writer:
+        writer.write(module, result)
+        sys.stderr.write(writer.summary() + "\n")
     return 0
 
 
