@@ -495,5 +495,65 @@ def render(result, lang="zh"):
     print_observations(observations(result, lang))
 
 
+FIG_TEXT = {
+    "zh": {"curves": "损失与两个头的得分（留出数据）", "step": "训练步数", "loss": "损失（nat）",
+           "first": "随机部分", "repeat": "重复部分", "chance": "随机水平 ln {v}",
+           "phase": "相变点（第 {s} 步）", "scores": "得分", "prev": "前一 token 分（第 0 层）",
+           "ind": "归纳分（第 1 层）", "heads": "训练后的两个头",
+           "prev_title": "第 0 层第 {h} 个头：前一 token", "ind_title": "第 1 层第 {h} 个头：归纳",
+           "weight": "注意力权重", "query": "查询", "key": "键"},
+    "en": {"curves": "Loss and the two heads' scores (held-out)", "step": "training step",
+           "loss": "loss (nats)", "first": "random part", "repeat": "repeat",
+           "chance": "chance, ln {v}", "phase": "phase change (step {s})", "scores": "score",
+           "prev": "previous-token score (layer 0)", "ind": "induction score (layer 1)",
+           "heads": "The two heads after training",
+           "prev_title": "layer 0, head {h}: previous token",
+           "ind_title": "layer 1, head {h}: induction", "weight": "attention weight",
+           "query": "query", "key": "key"},
+}
+
+
+def figures(result, lang="zh"):
+    """The loss curves beside the two scores, the phase change marked on both; the two heads."""
+    from _figures import heatmap as draw_heatmap
+    from _figures import mark_x, new_figure
+    t = FIG_TEXT[lang]
+    curve, ph = result["curve"], result["phase"]
+    steps = [c["step"] for c in curve]
+    fig, (ax_l, ax_s) = new_figure(ncols=2, size=(11, 4.5))
+    ax_l.plot(steps, [c["first"] for c in curve], label=t["first"], gid="first")
+    ax_l.plot(steps, [c["repeat"] for c in curve], label=t["repeat"], gid="repeat")
+    ax_l.axhline(result["chance"], color="0.5", linestyle=":", gid="chance",
+                 label=t["chance"].format(v=result["vocab"]))
+    ax_l.set_ylabel(t["loss"])
+    ax_l.set_ylim(bottom=0)
+    ax_s.plot(steps, [c["prev"] for c in curve], label=t["prev"], gid="prev")
+    ax_s.plot(steps, [c["induction"] for c in curve], label=t["ind"], gid="induction")
+    ax_s.set_ylabel(t["scores"])
+    ax_s.set_ylim(0, 1)
+    for ax in (ax_l, ax_s):
+        if ph is not None:
+            mark_x(ax, ph["step"], t["phase"].format(s=ph["step"]))
+        ax.set_xlabel(t["step"])
+        ax.legend()
+    fig.suptitle(t["curves"])
+
+    disp = result["display"]
+    P, k = disp["period"], disp["show"]
+    labels = ["BOS" if i == result["vocab"] else str(int(i)) for i in disp["tokens"]]
+    heads, (ax_p, ax_i) = new_figure(ncols=2, size=(12, 5.5))
+    draw_heatmap(ax_p, disp["prev_weights"], labels[:k], labels[:k], colorbar_label=t["weight"],
+                 mask_above_diagonal=True, annotate=False)
+    ax_p.set_title(t["prev_title"].format(h=result["prev_head"]))
+    draw_heatmap(ax_i, disp["induction_weights"], labels[P + 1:], labels[:k],
+                 colorbar_label=t["weight"], annotate=False)
+    ax_i.set_title(t["ind_title"].format(h=result["induction_head"]))
+    for ax in (ax_p, ax_i):
+        ax.set_xlabel(t["key"])
+        ax.set_ylabel(t["query"])
+    heads.suptitle(t["heads"])
+    return {"loss_curves": fig, "heads": heads}
+
+
 if __name__ == "__main__":
     sys.exit(_common.run_demo(sys.modules[__name__]))

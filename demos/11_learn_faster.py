@@ -290,5 +290,32 @@ def render(result, lang="zh"):
     print_observations(observations(result, lang))
 
 
+FIG_TEXT = {
+    "zh": {"title": "{n} 步后的损失：每行一个改动（{k} 个种子）", "loss": "损失（nat）",
+           "seed": "单个种子", "mean": "均值 ± 标准差", "chance": "随机水平 ln {v}"},
+    "en": {"title": "Loss after {n} steps, one change per row ({k} seeds)", "loss": "loss (nats)",
+           "seed": "one seed", "mean": "mean ± std", "chance": "chance, ln {v}"},
+}
+
+
+def figures(result, lang="zh"):
+    """Each row's loss: every seed as a dot, the mean with its std as a bar."""
+    from _figures import new_figure
+    t, names = FIG_TEXT[lang], TEXT[lang]
+    rows = result["rows"]
+    fig, ax = new_figure(size=(9, 4.5))
+    x = np.arange(len(rows))
+    for i, row in enumerate(rows):
+        ax.plot([i] * len(row["losses"]), row["losses"], "o", color="0.6", alpha=0.8,
+                label=t["seed"] if i == 0 else None, gid=f"seeds_{row['name']}")
+    ax.errorbar(x, [r["mean"] for r in rows], yerr=[r["std"] for r in rows], fmt="s-",
+                capsize=5, color="tab:blue", label=t["mean"], gid="mean")
+    ax.set_xticks(x, [names[r["name"]] for r in rows])
+    ax.set_ylabel(t["loss"])
+    ax.legend()
+    fig.suptitle(t["title"].format(n=result["steps"], k=len(result["seeds"])))
+    return {"losses": fig}
+
+
 if __name__ == "__main__":
     sys.exit(_common.run_demo(sys.modules[__name__]))

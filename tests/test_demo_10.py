@@ -184,3 +184,46 @@ def test_the_random_part_wording_follows_its_deviation(quick):
     fake["first_max_dev"] = D10.CHANCE_BAND * 2
     text = flat(D10.observations(fake, "en"))
     assert "mostly stays at chance" in text and f"step {fake['first_worst_step']}" in text
+
+
+# ---------------------------------------------------------------- figures (--figures DIR)
+
+def written_without_missing_glyphs(module, result, tmp_path, lang):
+    """Write the demo's figures; the file names, and no complaint about a missing glyph."""
+    import warnings
+    pytest.importorskip("matplotlib")
+    import _figures
+    writer = _figures.prepare(tmp_path, lang)
+    if lang == "zh" and writer.lang != "zh":
+        pytest.skip("no Chinese font installed (e.g. apt-get install fonts-noto-cjk)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = writer.write(module, result)
+    assert not [w for w in caught if "glyph" in str(w.message).lower()]
+    return sorted(p.name for p in paths)
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_figures_are_written(quick, tmp_path, lang):
+    names = written_without_missing_glyphs(D10, quick, tmp_path, lang)
+    assert names == sorted(f"10_induction_heads_{n}.{ext}" for n in ("loss_curves", "heads")
+                           for ext in ("png", "svg"))
+
+
+def test_figures_plot_the_curve_and_the_heads(quick):
+    pytest.importorskip("matplotlib")
+    figs = D10.figures(quick, "en")
+    ax_loss, ax_scores = figs["loss_curves"].axes[:2]
+    steps = [c["step"] for c in quick["curve"]]
+    for ax, keys in ((ax_loss, ("first", "repeat")), (ax_scores, ("prev", "induction"))):
+        lines = {line.get_gid(): line for line in ax.get_lines()}
+        for key in keys:
+            np.testing.assert_array_equal(lines[key].get_xdata(), steps)
+            np.testing.assert_array_equal(lines[key].get_ydata(),
+                                          [c[key] for c in quick["curve"]])
+        assert list(lines["mark"].get_xdata()) == [quick["phase"]["step"]] * 2
+    chance = {line.get_gid(): line for line in ax_loss.get_lines()}["chance"]
+    assert list(chance.get_ydata()) == [quick["chance"]] * 2
+    images = [ax.get_images()[0] for ax in figs["heads"].axes if ax.get_images()]
+    np.testing.assert_array_equal(images[0].get_array().data, quick["display"]["prev_weights"])
+    np.testing.assert_array_equal(images[1].get_array(), quick["display"]["induction_weights"])

@@ -156,3 +156,42 @@ def test_the_quick_run_reads_like_the_table(quick):
     assert f"{quick['steps']}" in shown and "fixed evaluation batch" in shown
     assert f"{quick['chars']:,} characters" in shown and f"{quick['vocab']} distinct" in shown
     assert copy.deepcopy(quick)["rows"] == quick["rows"]
+
+
+# ---------------------------------------------------------------- figures (--figures DIR)
+
+def written_without_missing_glyphs(module, result, tmp_path, lang):
+    """Write the demo's figures; the file names, and no complaint about a missing glyph."""
+    import warnings
+    pytest.importorskip("matplotlib")
+    import _figures
+    writer = _figures.prepare(tmp_path, lang)
+    if lang == "zh" and writer.lang != "zh":
+        pytest.skip("no Chinese font installed (e.g. apt-get install fonts-noto-cjk)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = writer.write(module, result)
+    assert not [w for w in caught if "glyph" in str(w.message).lower()]
+    return sorted(p.name for p in paths)
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_figures_are_written(quick, tmp_path, lang):
+    names = written_without_missing_glyphs(D11, quick, tmp_path, lang)
+    assert names == ["11_learn_faster_losses.png", "11_learn_faster_losses.svg"]
+
+
+def test_figure_plots_every_seed_and_the_means(quick):
+    pytest.importorskip("matplotlib")
+    ax = D11.figures(quick, "en")["losses"].axes[0]
+    lines = {line.get_gid(): line for line in ax.get_lines()}
+    for i, row in enumerate(quick["rows"]):
+        dots = lines[f"seeds_{row['name']}"]
+        assert list(dots.get_xdata()) == [i] * 3 and list(dots.get_ydata()) == row["losses"]
+    data_line, _, (bars,) = ax.containers[0].lines  # the errorbar: line, caps, bars
+    np.testing.assert_array_equal(data_line.get_ydata(), [r["mean"] for r in quick["rows"]])
+    bars = bars.get_segments()  # the std bars, one segment per row
+    for seg, row in zip(bars, quick["rows"]):
+        np.testing.assert_allclose(seg[:, 1], [row["mean"] - row["std"], row["mean"] + row["std"]])
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        D11.TEXT["en"][r["name"]] for r in quick["rows"]]
