@@ -16,6 +16,18 @@ def demo(number):
     raise LookupError(f"no demo {number}")
 
 
+_QUICK_RESULTS = {}
+
+
+def quick_result(number):
+    """demo(number).compute(quick=True), computed once per test session: the training demos
+    take seconds even when quick, and several test modules read the same result. Callers
+    must not modify it (copy.deepcopy first)."""
+    if number not in _QUICK_RESULTS:
+        _QUICK_RESULTS[number] = demo(number).compute(quick=True)
+    return _QUICK_RESULTS[number]
+
+
 def rendered_text(module, result, lang, width=80):
     """Everything the demo's render step prints, as plain text at the given width."""
     console.reset_console(width=width, color_system=None, force_terminal=False,

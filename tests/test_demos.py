@@ -9,7 +9,7 @@ import pytest
 from rich.cells import cell_len
 
 import console
-from demo_helpers import ROOT, load_demos, rendered_text
+from demo_helpers import ROOT, load_demos, quick_result, rendered_text
 
 DEMOS = load_demos()
 ANSI = re.compile(r"\x1b\[")
@@ -24,7 +24,7 @@ def run(*args, env=None, **kwargs):
 
 @pytest.fixture(scope="module")
 def quick_results():
-    return {d.NUMBER: d.compute(quick=True) for d in DEMOS}
+    return {d.NUMBER: quick_result(d.NUMBER) for d in DEMOS}
 
 
 @pytest.mark.parametrize("demo", DEMOS, ids=lambda d: f"{d.NUMBER:02d}")

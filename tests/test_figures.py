@@ -20,7 +20,8 @@ import run_all  # noqa: E402  (after demo_helpers, like the demos)
 
 FIGURES = {2: ["saturation"], 3: ["heatmap"],
            5: ["sinusoidal", "rope_score", "previous_token_head"], 6: ["flops_time"],
-           9: ["previous_token_head", "decode_bounds"]}
+           9: ["previous_token_head", "decode_bounds"], 10: ["loss_curves", "heads"],
+           11: ["losses"]}
 D02, D03, D05, D06, D09 = (demo(n) for n in (2, 3, 5, 6, 9))
 
 
