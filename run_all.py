@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "demos"))
 
 import console  # noqa: E402
 from _common import (LANGS, OneLineParser, UsageError, load_demos, render_demo,  # noqa: E402
-                     resolve_lang)
+                     resolve_lang, stop_quietly)
 from console import to_jsonable  # noqa: E402
 
 EXPORT_SUFFIXES = (".svg", ".html", ".htm", ".txt")
@@ -29,7 +29,8 @@ def parse_only(text: str, numbers: list[int]) -> list[int]:
     chosen = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) not in numbers:
+        # ASCII digits only: int() also reads "١" as 1 and str.isdigit() accepts "²".
+        if not (part.isascii() and part.isdigit()) or int(part) not in numbers:
             raise UsageError(f"unknown demo number {part!r} in --only; valid demos: {valid}")
         chosen.append(int(part))
     return chosen
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         lang = resolve_lang(args.lang)
-        chosen = parse_only(args.only, numbers) if args.only else numbers
+        chosen = parse_only(args.only, numbers) if args.only is not None else numbers
         if args.export and Path(args.export).suffix.lower() not in EXPORT_SUFFIXES:
             raise UsageError(f"--export {args.export!r}: choose a file ending in "
                              f"{', '.join(EXPORT_SUFFIXES)}")
@@ -85,4 +86,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_quietly(main))  # Ctrl-C: exit 130; Ctrl-D at a --pause prompt: stop, exit 0

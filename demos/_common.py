@@ -28,6 +28,10 @@ NO_CHINESE_HINT = ("note: this terminal's encoding ({enc}) cannot show Chinese; 
                    "showing English instead. Use --lang en to choose it explicitly.")
 
 
+# 128 + SIGINT: the status a shell reports for a command stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
+
+
 class UsageError(Exception):
     """A bad command-line choice: reported in one line, exit status 2."""
 
@@ -81,6 +85,20 @@ def render_demo(module, result, lang: str):
     module.render(result, lang)
 
 
+def stop_quietly(body) -> int:
+    """body()'s exit status; Ctrl-C ends it with 130 and Ctrl-D at a --pause prompt with 0,
+    neither with a traceback. Nothing else in a demo reads the terminal, so an EOFError
+    can only come from that prompt."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED
+    except EOFError:  # Ctrl-D at the pause: the lecturer is done
+        print()
+        return 0
+
+
 def run_demo(module, argv=None) -> int:
     """Run one demo module as a script: parse options, compute, then render or dump JSON."""
     prog = Path(module.__file__).name
@@ -92,12 +110,15 @@ def run_demo(module, argv=None) -> int:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
     console.set_pause(args.pause)
-    result = module.compute(quick=args.quick)
-    if args.json:
-        print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
-    else:
-        render_demo(module, result, lang)
-    return 0
+
+    def body():
+        result = module.compute(quick=args.quick)
+        if args.json:
+            print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
+        else:
+            render_demo(module, result, lang)
+        return 0
+    return stop_quietly(body)
 
 
 def load_demos() -> list:
