@@ -35,6 +35,11 @@ OBSERVATIONS_TITLE = {"zh": "观察", "en": "Observations"}
 PAUSE_PROMPT = {"zh": "（按回车继续）", "en": "(press Enter to continue)"}
 
 
+# rich takes COLUMNS as it is given: COLUMNS=0 printed nothing at all, and a handful of
+# columns shreds every table. Narrower than this, the console uses this width.
+MIN_WIDTH = 40
+
+
 def _make_console(**overrides) -> Console:
     options = dict(highlight=False, record=True, emoji=False)
     if os.environ.get("NO_COLOR"):
@@ -42,7 +47,10 @@ def _make_console(**overrides) -> Console:
         # no colour system at all means no escape codes whatsoever.
         options["color_system"] = None
     options.update(overrides)
-    return Console(**options)
+    console = Console(**options)
+    if "width" not in overrides and console.width < MIN_WIDTH:
+        console.width = MIN_WIDTH
+    return console
 
 
 def get_console() -> Console:
