@@ -307,8 +307,9 @@ class BPETokenizer:
         merge costs a heap operation instead of a scan of the whole word, and a
         pasted blob of n characters takes O(n log n), not O(n^2). A merged symbol
         keeps its left symbol's position, so position order is left-to-right order.
-        All pairs of one rank are merged before the pairs that merging creates are
-        pushed: the same order as rescanning the word after every rank.
+        All pairs of one rank are merged as a batch before the pairs next to the
+        merged symbols are looked up and pushed: the same order as rescanning the
+        word after every rank, and each new pair is pushed once.
         """
         symbols = list(spelled)
         n = len(symbols)
@@ -320,9 +321,12 @@ class BPETokenizer:
         heap = [(rank, i) for i, pair in enumerate(zip(symbols, symbols[1:]))
                 if (rank := ranks.get(pair)) is not None]
         heapify(heap)
+        merged_in = [-1] * n  # merged_in[i]: the last batch that merged into symbol i
+        batch = 0
         while heap:
             rank = heap[0][0]
-            created = []  # pairs made by this rank's merges, queued once it is done
+            batch += 1
+            merged = []  # left positions of this rank's merges
             while heap and heap[0][0] == rank:
                 _, i = heappop(heap)
                 j = after[i]
@@ -334,13 +338,17 @@ class BPETokenizer:
                 k = after[i] = after[j]
                 if k < n:
                     before[k] = i
-                    if (new := ranks.get((symbols[i], symbols[k]))) is not None:
-                        created.append((new, i))
-                h = before[i]
-                if h >= 0 and (new := ranks.get((symbols[h], symbols[i]))) is not None:
-                    created.append((new, h))
-            for entry in created:
-                heappush(heap, entry)
+                merged.append(i)
+                merged_in[i] = batch
+            # The pairs on either side of each merged symbol are new; looked up once the
+            # rank is done, a pair between two merged symbols is pushed once, not twice.
+            for i in merged:
+                k, h = after[i], before[i]
+                if k < n and (new := ranks.get((symbols[i], symbols[k]))) is not None:
+                    heappush(heap, (new, i))
+                if h >= 0 and merged_in[h] != batch and (
+                        new := ranks.get((symbols[h], symbols[i]))) is not None:
+                    heappush(heap, (new, h))
         return [sym for sym in symbols if sym is not None]
 
     def _word_ids(self, symbols) -> tuple[tuple[int, ...], bool]:
