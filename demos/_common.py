@@ -21,15 +21,12 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 
 import console  # noqa: E402
 from console import to_jsonable  # noqa: E402
+from transformer_lab.cli import EXIT_INTERRUPTED  # noqa: E402  (130, as a shell reports Ctrl-C)
 
 LANGS = ("zh", "en")
 LANG_ENV = "TRANSFORMER_LAB_LANG"
 NO_CHINESE_HINT = ("note: this terminal's encoding ({enc}) cannot show Chinese; "
                    "showing English instead. Use --lang en to choose it explicitly.")
-
-
-# 128 + SIGINT: the status a shell reports for a command stopped by Ctrl-C.
-EXIT_INTERRUPTED = 130
 
 
 class UsageError(Exception):

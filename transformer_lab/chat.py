@@ -167,7 +167,8 @@ def build_parser():
                "context problem, 2 bad options, 130 interrupted.")
     parser.add_argument("question", nargs="?",
                         help="answer this one question; without it, start an interactive session")
-    parser.add_argument("--gguf", metavar="PATH", type=gguf_path, help="the GGUF model file (default: the installed model)")
+    parser.add_argument("--gguf", metavar="PATH", type=gguf_path,
+                        help="the GGUF model file (default: the installed model)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                         help="most tokens per answer (default 256)")
     parser.add_argument("--temperature", type=non_negative_float, default=0.2, metavar="T",
