@@ -2,12 +2,13 @@
 bytes, closed or broken streams, Ctrl-C and Ctrl-D.
 
 CLIs run as subprocesses and are judged by exit status and stderr. Interrupts are
-deterministic: the process is first brought to a point where it waits (a --pause or
-chat prompt on a pseudo-terminal) or is known to have minutes of work left, and only
-then gets SIGINT; nothing is timed.
+deterministic: the process is first brought to a point where it waits (at a --pause or
+chat prompt on a pseudo-terminal, blocked reading it) or is known to have minutes of
+work left, and only then gets SIGINT; nothing is timed.
 """
 import io
 import os
+import platform
 import pty
 import select
 import shlex
@@ -76,6 +77,33 @@ def read_until(proc, needle: bytes, limit=600):
     return seen
 
 
+READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}.get(platform.machine())
+
+
+def wait_until_reading(proc, limit=600):
+    """Wait until the process sits in the read() system call, waiting for the terminal.
+
+    A SIGINT that lands after the prompt is written but before read() starts is only
+    acted on once read() returns, which on a terminal nobody types into is never; in
+    read(), it interrupts the call. Linux shows the current call in /proc."""
+    deadline = time.monotonic() + limit
+    while READ_SYSCALL is not None:
+        assert time.monotonic() < deadline, "never started reading its input"
+        try:
+            with open(f"/proc/{proc.pid}/syscall") as f:
+                if f.read().split()[0] == READ_SYSCALL:
+                    return
+        except (OSError, IndexError):
+            return  # no /proc here: the prompt has been printed, which is nearly as good
+        time.sleep(0.05)
+
+
+def interrupt_at_the_prompt(proc, prompt: bytes):
+    read_until(proc, prompt)
+    wait_until_reading(proc)
+    proc.send_signal(signal.SIGINT)
+
+
 def finish(proc, master=None):
     out, err = proc.communicate(timeout=600)
     if master is not None:
@@ -91,8 +119,7 @@ SCRIPTS = {"run_all": ["run_all.py", "--quick", "--lang", "en", "--pause"],
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 def test_ctrl_c_at_the_pause_exits_130_without_a_traceback(script):
     proc, master = start_on_a_terminal(*SCRIPTS[script])
-    read_until(proc, PAUSE)
-    proc.send_signal(signal.SIGINT)
+    interrupt_at_the_prompt(proc, PAUSE)
     result = finish(proc, master)
     assert result.returncode == 130
     no_traceback(result)
@@ -288,8 +315,7 @@ def test_chat_into_a_closed_pipe_exits_quietly(tiny_gguf):
 
 def test_ctrl_c_at_the_chat_prompt_exits_130(tiny_gguf):
     proc, master = start_on_a_terminal(*CHAT, "--gguf", tiny_gguf)
-    read_until(proc, b"> ")
-    proc.send_signal(signal.SIGINT)
+    interrupt_at_the_prompt(proc, b"> ")
     result = finish(proc, master)
     assert result.returncode == 130
     no_traceback(result)
