@@ -14,8 +14,7 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import fmt_float, heatmap, print_observations, print_section, print_table, print_text
-from transformer_lab import TINY, KVCache, apply_rope, attention_weights, forward, init_params, rope_angles
-from transformer_lab.model import embed, norm
+from transformer_lab import TINY, KVCache, forward, init_params
 
 NUMBER = 3
 SEED = 3
@@ -126,15 +125,10 @@ def cache_experiment(params, tokens):
 
 
 def head_weights(params, tokens):
-    """Layer 0's attention weights [T, T] for head HEAD, from the model's own q and k."""
-    cfg, p = TINY, params["blocks"][0]
-    # The stream entering layer 0 is the token embeddings (RoPE adds no position vector).
-    x = norm(embed(params, cfg, tokens), p["attn_norm"], cfg)  # [1, T, d]
-    q = (x @ p["attn"]["wq"]).reshape(1, T, cfg.n_heads, cfg.head_dim)
-    k = (x @ p["attn"]["wk"]).reshape(1, T, cfg.n_kv_heads, cfg.head_dim)
-    cos, sin = rope_angles(np.arange(T), cfg.head_dim, cfg.rope_base)
-    w = attention_weights(apply_rope(q, cos, sin), apply_rope(k, cos, sin))  # [1, H, T, T]
-    return w[0, HEAD]
+    """Layer 0's attention weights [T, T] for head HEAD, as forward() computes them."""
+    acts = {"patterns": True}
+    forward(params, TINY, tokens, acts=acts)
+    return acts["blocks[0].attn.pattern"][0, HEAD]  # [T, T]
 
 
 def compute(quick=False):
@@ -185,7 +179,7 @@ def render(result, lang="zh"):
 
     print_section(t["heat"].format(layer=0, head=HEAD))
     labels = [f"t{i}" for i in range(T)]
-    heatmap(result["weights"], labels, labels)
+    heatmap(result["weights"], labels, labels, scale=(0, 1))
 
     after = mask["causal"][CHANGED:]
     decode_steps = len(cache["steps"]) - 1
@@ -201,6 +195,28 @@ def render(result, lang="zh"):
         t["obs_heat"].format(rowsum=fmt_float(result["row_sum_dev"]),
                              unif=fmt_float(result["uniform_dev"])),
     ])
+
+
+FIG_TEXT = {
+    "zh": {"title": "第 {layer} 层第 {head} 个头的注意力权重（灰色 = 被因果掩码遮住）",
+           "query": "查询位置", "key": "键位置", "weight": "注意力权重"},
+    "en": {"title": "Layer {layer}, head {head} attention weights (grey = masked)",
+           "query": "query position", "key": "key position", "weight": "attention weight"},
+}
+
+
+def figures(result, lang="zh"):
+    """The heatmap of layer 0's head, on the fixed 0–1 scale, masked cells in grey."""
+    from _figures import heatmap, new_figure
+    t = FIG_TEXT[lang]
+    w = np.asarray(result["weights"])
+    labels = [f"t{i}" for i in range(w.shape[0])]
+    fig, ax = new_figure(size=(7.5, 6.5))
+    heatmap(ax, w, labels, labels, colorbar_label=t["weight"], mask_above_diagonal=True)
+    ax.set_xlabel(t["key"])
+    ax.set_ylabel(t["query"])
+    ax.set_title(t["title"].format(layer=0, head=HEAD))
+    return {"heatmap": fig}
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import _common  # noqa: F401  (puts the repo root on sys.path when run from a ch
 from console import print_observations, print_section, print_table, print_text
 from transformer_lab import attention_weights, layer_norm, log_softmax, loss, softmax
 from transformer_lab.examples import WEEK8_PROMPTS, WEEK8_VOCAB, WEEK8_VOCAB_EN, week8_example
-from transformer_lab.model import attention, embed, forward, lm_head, mlp, norm
+from transformer_lab.model import attention_block, embed, forward, lm_head, mlp, norm
 
 NUMBER = 7
 PROMPT_NAMES = ("A", "B")
@@ -156,7 +156,7 @@ def trace_stages(params, cfg, tokens):
     blk = params["blocks"][0]
     s = {"residual_0": embed(params, cfg, tokens)}
     s["ln1"] = norm(s["residual_0"], blk["attn_norm"], cfg)
-    s["attn_update"] = attention(s["ln1"], blk["attn"], cfg)
+    s["attn_update"] = attention_block(s["ln1"], blk["attn"], cfg)
     s["residual_1"] = s["residual_0"] + s["attn_update"]
     s["ln2"] = norm(s["residual_1"], blk["mlp_norm"], cfg)
     s["ffn_update"] = mlp(s["ln2"], blk["mlp"], cfg)

@@ -22,3 +22,31 @@ def rendered_text(module, result, lang, width=80):
                           file=open("/dev/null", "w", encoding="utf-8"))
     render_demo(module, result, lang)
     return console.get_console().export_text(clear=False)
+
+
+class ScriptedTimings:
+    """A stand-in for transformer_lab.measure.run_side_by_side that times nothing.
+
+    plan(names, k) gives the repeats for the k-th call (from 0) with this tuple of
+    names: {name: [seconds, ...]} or {name: ([seconds, ...], [waited, ...])}. The
+    functions are not called, so a demo's compute() runs on synthetic timings.
+    """
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.calls = []
+
+    def __call__(self, fns, *, repeats=5, warmup=1):
+        names = tuple(fns)
+        k = self.calls.count(names)
+        self.calls.append(names)
+        out = {}
+        for name, value in self.plan(names, k).items():
+            times, waits = value if isinstance(value, tuple) else (value, [0.0] * len(value))
+            out[name] = {"times": list(times), "waits": list(waits)}
+        return out
+
+
+def jittered(seconds, spread=1.05, n=5):
+    """n repeats around `seconds`, the slowest `spread` times the fastest."""
+    return [seconds * (1 + (spread - 1) * i / (n - 1)) for i in range(n)]

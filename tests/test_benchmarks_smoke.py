@@ -139,3 +139,77 @@ def test_cli_bad_option_exits_2(argv):
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()  # one line, no usage block
     assert line.startswith("python -m benchmarks: error: ")
+
+
+# ---------------------------------------------------------------- spread in the JSON, ~ in the tables
+
+def test_every_figure_records_its_spread(tmp_path):
+    path = tmp_path / "results.json"
+    run_all(TINY, path, out=Output(quiet=True), command="smoke test", use_torch=False)
+    data = json.loads(path.read_text())
+    figures = [data["attention"]["matmul_peak"], data["forward"]["numpy"]]
+    for row in data["attention"]["rows"]:
+        figures += [row["attention_core"], row["bmm"]] + ([row["einsum"]] if row["einsum"] else [])
+    for fig in figures:
+        assert fig["spread"] >= 1 and isinstance(fig["steady"], bool) and "waited" in fig
+    for row in data["decode"]["rows"]:
+        for kind in ("cached", "recompute"):
+            assert row[f"{kind}_spread"] >= 1 and isinstance(row[f"{kind}_steady"], bool)
+
+
+class Recorder(Output):
+    """An Output that keeps the tables it is given instead of printing them."""
+
+    def __init__(self):
+        super().__init__(quiet=True)
+        self.tables = []
+
+    def table(self, headers, rows, caption=None):
+        self.tables.append(([[str(c) for c in row] for row in rows], caption or ""))
+
+
+def stats(steady=True):
+    return {"best_s": 1e-3, "median_s": 1e-3, "max_s": 1e-3 if steady else 3e-3,
+            "spread": 1.0 if steady else 3.0, "waited": 0.0, "steady": steady, "repeats": 3,
+            "gflops": 10.0}
+
+
+@pytest.mark.parametrize("noisy", ["none", "one", "all"])
+def test_unsteady_figures_are_marked_in_the_tables(noisy):
+    from benchmarks.suite import print_attention, print_decode
+    steady_core = noisy == "none"
+    rows = [{"T": T, "G": 2, "attention_core": stats(steady_core if T == 16 else noisy != "all"),
+             "bmm": stats(noisy != "all"), "einsum": None, "core_vs_bmm": 1.0,
+             "core_fraction_of_peak": 0.1, "core_causal_gflops": 5.0,
+             "core_causal_fraction_of_peak": 0.05} for T in (16, 40)]
+    att = {"dtype": "float32", "B": 1, "H": 4, "D": 8, "flop_convention": "4*T*S*H*D.",
+           "timing": "t", "matmul_peak": {**stats(noisy != "all"), "n": 64}, "rows": rows}
+    dec = {"config": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "d_ff": 64,
+                      "vocab": 96, "params": 1e4}, "timing": "t",
+           "rows": [{"context": c, "cached_ms": 1.0, "recompute_ms": 5.0, "speedup": 5.0,
+                     "cached_steady": noisy == "none" or (noisy == "one" and c == 4),
+                     "recompute_steady": noisy != "all"} for c in (4, 8)]}
+    out = Recorder()
+    print_attention(out, att)
+    print_decode(out, dec)
+    (att_rows, att_caption), (dec_rows, dec_caption) = out.tables
+    marked = [sum(c.endswith(" ~") for row in t for c in row) for t in (att_rows, dec_rows)]
+    if noisy == "none":
+        assert marked == [0, 0] and "~" not in att_caption + dec_caption
+    else:
+        assert all(m > 0 for m in marked) and "~ marks an unsteady figure" in att_caption
+        assert "~ marks an unsteady figure" in dec_caption
+        assert att_rows[1][2].endswith(" ~") == (noisy == "all")  # T = 40, attention_core
+        assert dec_rows[0][1] == ("1.00 ~" if noisy == "all" else "1.00")
+    if noisy == "all":
+        assert "10.0 ~ GFLOP/s" in att_caption
+    targets = evaluate_targets({"attention": {**att, "rows": [
+        {**r, "T": 2048} for r in rows]}, "decode": {**dec, "rows": [
+        {**r, "context": 2048} for r in dec["rows"]]}})
+    # the speedup target reads the first 2048 row, cached steady unless everything is noisy
+    assert [t["steady"] for t in targets] == [noisy == "none"] * 2 + [True, noisy != "all"]
+    from benchmarks.suite import print_targets
+    out = Recorder()
+    print_targets(out, targets)
+    (cells, caption), = out.tables
+    assert any(c.endswith(" ~") for row in cells for c in row) == (noisy != "none")

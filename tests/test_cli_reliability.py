@@ -381,14 +381,3 @@ def test_demo_09_corrupt_message_in_both_languages(monkeypatch, lang):
     assert max(cell_len(line) for line in text.splitlines()) <= 80
     console.reset_console()
 
-
-# ---------------------------------------------------------------- terminal width
-
-@pytest.mark.parametrize("columns", ["0", "7"])
-def test_a_tiny_columns_value_gets_a_sane_minimum_width(columns):
-    result = run("demos/03_causal_mask.py", "--quick", "--lang", "en",
-                 env={**ENV, "COLUMNS": columns})
-    assert result.returncode == 0
-    out = result.stdout.decode("utf-8")
-    assert "Observations" in out
-    assert max(cell_len(line) for line in out.splitlines()) == console.MIN_WIDTH

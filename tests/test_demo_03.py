@@ -75,22 +75,17 @@ def test_heatmap_is_causal_and_nearly_uniform(result):
 
 
 def test_heatmap_weights_are_the_ones_the_model_uses():
-    # weights @ v reproduces attention_core's output for that head.
-    from transformer_lab.model import embed, norm
-    from transformer_lab import apply_rope, rope_angles
+    # weights @ v reproduces, for that head, the attention output forward() fed into wo.
     params = init_params(TINY, seed=D03.SEED)
     tokens = np.random.default_rng(D03.SEED).integers(0, TINY.vocab, size=(1, T))
-    p = params["blocks"][0]
-    x = norm(embed(params, TINY, tokens), p["attn_norm"], TINY)
-    H, G, D = TINY.n_heads, TINY.n_kv_heads, TINY.head_dim
-    cos, sin = rope_angles(np.arange(T), D, TINY.rope_base)
-    q = apply_rope((x @ p["attn"]["wq"]).reshape(1, T, H, D), cos, sin)
-    k = apply_rope((x @ p["attn"]["wk"]).reshape(1, T, G, D), cos, sin)
-    v = (x @ p["attn"]["wv"]).reshape(1, T, G, D)
-    out = attention_core(q, k, v)  # [1, T, H*D]
+    acts = {}
+    forward(params, TINY, tokens, acts=acts)
+    v, out = acts["blocks[0].attn.v"], acts["blocks[0].attn.out"]  # [1, T, G, D], [1, T, H*D]
+    np.testing.assert_allclose(out, attention_core(acts["blocks[0].attn.q"], acts["blocks[0].attn.k"], v),
+                               atol=1e-14)
     w = D03.head_weights(params, tokens)
-    head = D03.HEAD
-    np.testing.assert_allclose(w @ v[0, :, head // (H // G)], out[0, :, head * D:(head + 1) * D],
+    head, D = D03.HEAD, TINY.head_dim
+    np.testing.assert_allclose(w @ v[0, :, head // TINY.group_size], out[0, :, head * D:(head + 1) * D],
                                atol=1e-14)
 
 

@@ -50,18 +50,17 @@ def test_rope_leaks_order_far_above_rounding_while_attention_is_nearly_uniform(r
 
 
 def test_the_layer1_weights_are_those_the_model_uses():
-    from transformer_lab import TINY, rope_angles
-    from transformer_lab.model import attention, embed, norm
+    from transformer_lab import TINY, forward
     w = D05.first_layer_weights()  # [1, H, T, T]
     params, tokens = D05.tiny_model()
-    blk, T = params["blocks"][0], tokens.shape[1]
-    x = norm(embed(params, TINY, tokens), blk["attn_norm"], TINY)
-    update = attention(x, blk["attn"], TINY, rope=rope_angles(np.arange(T), TINY.head_dim),
-                       causal=False)  # [1, T, d], what forward() adds to the stream
-    v = (x @ blk["attn"]["wv"]).reshape(1, T, TINY.n_kv_heads, TINY.head_dim)
-    v = np.repeat(v, TINY.group_size, axis=2).transpose(0, 2, 1, 3)  # [1, H, T, D]
-    heads = (w @ v).transpose(0, 2, 1, 3).reshape(1, T, -1)
-    np.testing.assert_allclose(heads @ blk["attn"]["wo"], update, atol=1e-14)
+    acts = {}
+    forward(params, TINY, tokens, causal=False, use_rope=True, acts=acts)
+    T, G, R, D = tokens.shape[1], TINY.n_kv_heads, TINY.group_size, TINY.head_dim
+    v = acts["blocks[0].attn.v"].transpose(0, 2, 1, 3)  # [1, G, T, D]
+    heads = w.reshape(1, G, R, T, T) @ v[:, :, None]  # [1, G, R, T, D]: head g*R + r reads group g
+    heads = heads.transpose(0, 3, 1, 2, 4).reshape(1, T, -1)  # [1, T, H*D]
+    np.testing.assert_allclose(heads, acts["blocks[0].attn.out"], atol=1e-14)
+    assert D == heads.shape[-1] // TINY.n_heads
 
 
 def test_the_verdict_column_follows_the_numbers(result):

@@ -51,7 +51,7 @@ def test_prompt_a_trace(example):
     x = M.embed(params, cfg, tokens)  # [1, 2, 4]
     np.testing.assert_allclose(x[0, 1], [0.6 - 0.1, 0.3 + 0.0, -0.2 + 0.05, 0.1 + 0.1], atol=1e-15)
     blk = params["blocks"][0]
-    update = M.attention(M.norm(x, blk["attn_norm"], cfg), blk["attn"], cfg)
+    update = M.attention_block(M.norm(x, blk["attn_norm"], cfg), blk["attn"], cfg)
     np.testing.assert_allclose(update[0, -1], [0.9944, 0.1092, -1.4326, -0.0512], rtol=0, atol=TOL)
     h = M.block(x, blk, cfg)
     final = M.norm(h, params["final_norm"], cfg)
@@ -68,7 +68,7 @@ def test_first_position_attends_only_to_itself(example):
     x = M.embed(params, cfg, np.array([[0, 1]]))
     blk = params["blocks"][0]
     normed = M.norm(x, blk["attn_norm"], cfg)
-    update = M.attention(normed, blk["attn"], cfg)
+    update = M.attention_block(normed, blk["attn"], cfg)
     np.testing.assert_allclose(update[0, 0], normed[0, 0], atol=1e-14)
 
 

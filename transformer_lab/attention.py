@@ -57,21 +57,36 @@ def _check_shapes(q, k, v, offset, causal):
             f"the last query would need keys that do not exist")
 
 
-def _grouped_weights(q, k, offset, causal, scale):
-    """Softmax weights [B, G, R, T, S]: the R = H // G query heads of a group as extra rows."""
+def _reference_weights(q, k, offset, causal, scale):
+    """Softmax weights [B, G, R, T, S]: query head h = g*R + r reads K/V group g."""
     B, T, H, D = q.shape
     _, S, G, _ = k.shape
     R = H // G
     # The scale keeps the scores' spread near 1 whatever D is, so softmax does not
     # saturate; a Python float so that float32 inputs stay float32.
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    qg = (q * scale).reshape(B, T, G, R, D).transpose(0, 2, 3, 1, 4)  # [B, G, R, T, D]
-    qg = qg.reshape(B, G, R * T, D)  # [B, G, R*T, D]
-    kt = k.transpose(0, 2, 3, 1)  # [B, G, D, S]
-    scores = (qg @ kt).reshape(B, G, R, T, S)  # [B, G, R, T, S]
+    qg = q.reshape(B, T, G, R, D)  # [B, T, G, R, D], a view: no K/V is repeated per head
+    scores = np.einsum("btgrd,bsgd->bgrts", qg, k, optimize=True) * scale  # [B, G, R, T, S]
     if causal:
         scores = np.where(causal_mask(T, S, offset), scores, -np.inf)
     return softmax(scores, axis=-1)
+
+
+def attention_reference(q, k, v, offset=0, *, causal=True, scale=None):
+    """The readable form of attention: softmax(q k^T * scale + mask) v, as two einsums.
+
+    Read this one; attention_core computes the same numbers faster (blocked, in
+    place, skipping the masked half) and is tested against it. Shapes as in
+    attention_core: q [B, T, H, D], k and v [B, S, G, D], returns [B, T, H*D].
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    offset = int(offset)
+    _check_shapes(q, k, v, offset, causal)
+    B, T, H, D = q.shape
+    G = k.shape[2]
+    weights = _reference_weights(q, k, offset, causal, scale)  # [B, G, R, T, S]
+    out = np.einsum("bgrts,bsgd->btgrd", weights, v, optimize=True)  # [B, T, G, R, D]
+    return out.reshape(B, T, H * D)  # head h = g*R + r: the same order as q's heads
 
 
 # Causal blocks of query positions. Aim for ~2 MiB of float32 scores per block
@@ -148,4 +163,56 @@ def attention_weights(q, k, offset=0, *, causal=True, scale=None):
     offset = _check_offset(offset)
     _check_shapes(q, k, None, offset, causal)
     B, T, H, _ = q.shape
-    return _grouped_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])
+    return _reference_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])
+
+
+def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None):
+    """(dq, dk, dv) of attention_core(q, k, v, offset, causal=causal, scale=scale) for the
+    output gradient dout [B, T, H*D]; shaped as q [B, T, H, D] and k, v [B, S, G, D].
+
+    The softmax weights are recomputed from q and k rather than stored (as
+    FlashAttention does). Every step is one batched matmul per K/V group, with
+    the group's R query heads as extra rows, as in the forward, so dK and dV
+    come out already summed over the query heads that share them:
+        P  = softmax(scale * q k^T + mask)       [B, G, T*R, S]
+        dV = P^T dO                              [B, G, S, D]
+        dP = dO V^T;  dS = P * (dP - rowsum(P * dP))
+        dQ = scale * dS K;  dK = scale * dS^T q
+    """
+    q, k, v, dout = np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(dout)
+    offset = int(offset)
+    _check_shapes(q, k, v, offset, causal)
+    B, T, H, D = q.shape
+    S, G = k.shape[1], k.shape[2]
+    R = H // G
+    if dout.shape != (B, T, H * D):
+        raise ValueError(f"attention_core_backward: dout must be [B, T, H*D] = {(B, T, H * D)}, "
+                         f"got {dout.shape}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    def grouped(a):  # [B, T, H, D] -> [B, G, T*R, D], row t*R + r as in attention_core
+        return a.reshape(B, T, G, R, D).transpose(0, 2, 1, 3, 4).reshape(B, G, T * R, D)
+
+    qg = grouped(q) * scale  # [B, G, T*R, D]
+    do = grouped(dout.reshape(B, T, H, D))  # [B, G, T*R, D]
+    kg = k.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
+    vg = v.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
+
+    p = qg @ kg.transpose(0, 1, 3, 2)  # [B, G, T*R, S]
+    if causal:
+        visible = np.repeat(causal_mask(T, S, offset), R, axis=0)  # [T*R, S]
+        np.copyto(p, -np.inf, where=~visible)
+    p -= p.max(axis=-1, keepdims=True)  # every row sees key 0, so the max is finite
+    np.exp(p, out=p)
+    p /= p.sum(axis=-1, keepdims=True)  # masked weights are exact zeros
+
+    dv = p.transpose(0, 1, 3, 2) @ do  # [B, G, S, D], summed over the group's heads
+    ds = do @ vg.transpose(0, 1, 3, 2)  # dP [B, G, T*R, S]
+    ds -= np.einsum("bgis,bgis->bgi", p, ds)[..., None]  # rowsum(P * dP), no temporary
+    ds *= p  # dS; zero where masked
+    dq = (ds @ kg) * scale  # [B, G, T*R, D]
+    dk = ds.transpose(0, 1, 3, 2) @ qg  # [B, G, S, D]; qg already carries the scale
+
+    dq = dq.reshape(B, G, T, R, D).transpose(0, 2, 1, 3, 4).reshape(B, T, H, D)  # [B, T, H, D]
+    return dq, np.ascontiguousarray(dk.transpose(0, 2, 1, 3)), \
+        np.ascontiguousarray(dv.transpose(0, 2, 1, 3))  # [B, S, G, D] each

@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 
-from .attention import attention_core
+from .attention import attention_core, attention_weights
 from .cache import KVCache
 from .config import Config
-from .ops import gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
+from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu, softmax
 from .positions import apply_rope, rope_angles, sinusoidal_pe
 
 
@@ -41,8 +41,13 @@ def param_shapes(cfg: Config) -> dict:
     shapes = {"tok_emb": (V, d)}
     if cfg.pos == "learned":
         shapes["pos_emb"] = (cfg.max_seq, d)
-    shapes["blocks"] = [{"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
-                        for _ in range(cfg.n_layers)]
+    def block():
+        # mlp="none" makes an attention-only block: no MLP and no norm in front of it.
+        if cfg.mlp == "none":
+            return {"attn_norm": norm(), "attn": dict(attn)}
+        return {"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
+
+    shapes["blocks"] = [block() for _ in range(cfg.n_layers)]
     shapes["final_norm"] = norm()
     shapes["lm_head"] = head
     return shapes
@@ -153,18 +158,24 @@ def _matmul_rows(x, w):
     return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
 
 
-def _linear(x, p, w, b):
+def _linear(x, p, w, b, cfg: Config):
+    """x @ p[w], plus p[b] when the config has biases."""
     y = _matmul_rows(x, p[w])
-    return y + p[b] if b in p else y
+    return y + p[b] if cfg.bias else y
 
 
-def attention(x, a, cfg: Config, *, rope=None, causal=True, cache=None, layer=0):
-    """Multi-head attention on the normed stream x [B, T, d]; returns the update [B, T, d]."""
+def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, layer=0,
+                    acts=None):
+    """Multi-head attention on the normed stream x [B, T, d]; returns the update [B, T, d].
+
+    With a record `acts` (see forward), q, k, v and the merged heads are kept
+    under blocks[layer].attn.*, and the weights too when acts["patterns"] is set.
+    """
     B, T, _ = x.shape
     H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q = _linear(x, a, "wq", "bq").reshape(B, T, H, D)  # [B, T, H, D]
-    k = _linear(x, a, "wk", "bk").reshape(B, T, G, D)  # [B, T, G, D]
-    v = _linear(x, a, "wv", "bv").reshape(B, T, G, D)  # [B, T, G, D]
+    q = _linear(x, a, "wq", "bq", cfg).reshape(B, T, H, D)  # [B, T, H, D]
+    k = _linear(x, a, "wk", "bk", cfg).reshape(B, T, G, D)  # [B, T, G, D]
+    v = _linear(x, a, "wv", "bv", cfg).reshape(B, T, G, D)  # [B, T, G, D]
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     offset = 0
@@ -172,26 +183,50 @@ def attention(x, a, cfg: Config, *, rope=None, causal=True, cache=None, layer=0)
         offset = cache.length
         k, v = cache.append(layer, k, v)  # [B, offset + T, G, D]
     out = attention_core(q, k, v, offset, causal=causal)  # [B, T, H*D]
-    return _linear(out, a, "wo", "bo")  # [B, T, d]
+    if acts is not None:
+        name = f"blocks[{layer}].attn."
+        acts.update({name + "q": q, name + "k": k, name + "v": v, name + "out": out})
+        if acts.get("patterns"):
+            acts[name + "pattern"] = attention_weights(q, k, offset, causal=causal)  # [B, H, T, S]
+    return _linear(out, a, "wo", "bo", cfg)  # [B, T, d]
 
 
-def mlp(x, m, cfg: Config):
+def mlp(x, m, cfg: Config, *, acts=None, layer=0):
     """The position-wise MLP: SwiGLU down(silu(x W_gate) * x W_up), or down(act(x W_up))."""
-    up = _linear(x, m, "w_up", "b_up")  # [B, T, d_ff]
+    up = _linear(x, m, "w_up", "b_up", cfg)  # [B, T, d_ff]
+    gate = None
     if cfg.mlp == "swiglu":
-        hidden = silu(_linear(x, m, "w_gate", "b_gate")) * up
+        gate = _linear(x, m, "w_gate", "b_gate", cfg)  # [B, T, d_ff]
+        hidden = silu(gate) * up
     elif cfg.mlp == "gelu":
         hidden = gelu(up)
     else:
         hidden = gelu_tanh(up)
-    return _linear(hidden, m, "w_down", "b_down")  # [B, T, d]
+    if acts is not None:
+        name = f"blocks[{layer}].mlp."
+        acts.update({name + "up": up, name + "hidden": hidden})
+        if gate is not None:
+            acts[name + "gate"] = gate
+    return _linear(hidden, m, "w_down", "b_down", cfg)  # [B, T, d]
 
 
-def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0):
-    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x))."""
-    x = x + attention(norm(x, p["attn_norm"], cfg), p["attn"], cfg,
-                      rope=rope, causal=causal, cache=cache, layer=layer)
-    return x + mlp(norm(x, p["mlp_norm"], cfg), p["mlp"], cfg)
+def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, acts=None):
+    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x)) unless mlp="none"."""
+    attn_in = norm(x, p["attn_norm"], cfg)
+    mid = x + attention_block(attn_in, p["attn"], cfg, rope=rope, causal=causal, cache=cache,
+                              layer=layer, acts=acts)
+    if cfg.mlp == "none":  # attention-only: the stream leaves as it left attention
+        mlp_in, out = None, mid
+    else:
+        mlp_in = norm(mid, p["mlp_norm"], cfg)
+        out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer)
+    if acts is not None:
+        name = f"blocks[{layer}]."
+        acts.update({name + "resid_pre": x, name + "attn_in": attn_in, name + "resid_mid": mid,
+                     name + "resid_post": out})
+        if mlp_in is not None:
+            acts[name + "mlp_in"] = mlp_in
+    return out
 
 
 # ---------------------------------------------------------------- the model
@@ -212,15 +247,27 @@ def lm_head(x, params, cfg: Config):
     head = params["lm_head"]
     w = params["tok_emb"].T if cfg.tie_embeddings else head["w"]  # [d, vocab]
     logits = _matmul_rows(x, w)
-    return logits + head["b"] if "b" in head else logits
+    return logits + head["b"] if cfg.bias else logits
 
 
-def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None):
+def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None, acts=None):
     """Logits [B, T, vocab] for int tokens [B, T].
 
     With a cache, the new tokens sit at positions cache.length onwards, their
     K/V are appended, and attention reads everything cached so far.
+
+    With `acts` a dict, forward also records what it computed, named as params
+    are named: "embed"; per layer "blocks[i].resid_pre", ".attn_in", ".attn.q"
+    [B,T,H,D], ".attn.k" and ".attn.v" [B,S,G,D] (after RoPE, cached positions
+    included), ".attn.out" [B,T,H*D] (before wo), ".resid_mid", ".mlp_in",
+    ".mlp.up", ".mlp.gate" (SwiGLU), ".mlp.hidden" [B,T,d_ff] (into w_down) (the
+    ".mlp*" entries only when mlp is not "none"), ".resid_post"; then "final_norm" and "logits". Set acts["patterns"] = True
+    before the call to also get the softmax weights "blocks[i].attn.pattern"
+    [B,H,T,S], which cost one more pass over the scores. Without acts nothing
+    extra is computed or kept.
     """
+    if acts is not None and not isinstance(acts, dict):
+        raise ValueError(f"acts must be a dict (or None), got {type(acts).__name__}")
     check_params(params, cfg)
     start = 0
     if cache is not None:
@@ -243,23 +290,38 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None)
     rope = rope_angles(np.arange(start, start + T), cfg.head_dim, cfg.rope_base) if use_rope else None
 
     x = embed(params, cfg, tokens, start)  # [B, T, d]
+    if acts is not None:
+        acts["embed"] = x
     for layer, p in enumerate(params["blocks"]):
-        x = block(x, p, cfg, rope=rope, causal=causal, cache=cache, layer=layer)
+        x = block(x, p, cfg, rope=rope, causal=causal, cache=cache, layer=layer, acts=acts)
     if cache is not None:
         cache.length += T
-    return lm_head(norm(x, params["final_norm"], cfg), params, cfg)  # [B, T, vocab]
+    x = norm(x, params["final_norm"], cfg)  # [B, T, d]
+    logits = lm_head(x, params, cfg)  # [B, T, vocab]
+    if acts is not None:
+        acts.update(final_norm=x, logits=logits)
+    return logits
+
+
+def check_targets(targets, tokens, cfg: Config):
+    """Targets are ids in [0, vocab), or -1 for a position the loss ignores, shaped as tokens."""
+    targets, tokens = np.asarray(targets), np.asarray(tokens)
+    if targets.shape != tokens.shape:
+        raise ValueError(f"targets shape {targets.shape} must equal tokens shape {tokens.shape}")
+    if targets.size and np.issubdtype(targets.dtype, np.integer):
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < -1 or hi >= cfg.vocab:
+            raise ValueError(f"target {lo if lo < -1 else hi} is out of range: targets are ids in "
+                             f"[0, {cfg.vocab}) for vocab={cfg.vocab}, or -1 to ignore a position")
+    return targets  # dtype and all-ignored are checked by cross_entropy
 
 
 def loss(params, cfg: Config, tokens, targets):
-    """Mean cross-entropy of the next-token predictions over all B*T positions."""
-    targets = np.asarray(targets)
-    tokens = np.asarray(tokens)
-    if targets.shape != tokens.shape:
-        raise ValueError(f"targets shape {targets.shape} must equal tokens shape {tokens.shape}")
-    check_tokens(targets, cfg)
+    """Mean cross-entropy of the next-token predictions over the positions whose target is
+    not -1 (ignored, as a prompt is). All targets -1 is a ValueError."""
+    targets = check_targets(targets, tokens, cfg)
     logits = forward(params, cfg, tokens)  # [B, T, V]
-    logp = log_softmax(logits.reshape(-1, cfg.vocab))  # [B*T, V]
-    return float(-logp[np.arange(logp.shape[0]), targets.reshape(-1)].mean())
+    return cross_entropy(logits, targets)
 
 
 # ---------------------------------------------------------------- generation

@@ -298,6 +298,44 @@ def make_models():
     make_model("llama_forward", llama, seed=12, T=12, prompt_len=5, steps=8)
 
 
+# ---------------------------------------------------------------- gradients
+
+def make_grads():
+    """Autograd gradients of the mean cross-entropy (ignore_index=-1) for every weight, for
+    a GPT-2-flavoured and a Llama-flavoured model: grads.npz, keys "<model>/<param>".
+
+    Smaller models than the forward snapshots (d_model 16) keep the file small; the
+    weights are stored beside their gradients, so the file stands alone.
+    """
+    gpt2 = tl.gpt2_config(vocab=32, d_model=16, n_heads=4, n_layers=2, d_ff=32, max_seq=8,
+                          norm_eps=1e-5, dtype=np.float64)
+    llama = tl.llama_config(vocab=32, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=32,
+                            max_seq=8, norm_eps=1e-5, rope_base=10000.0, dtype=np.float64)
+    arrays = {}
+    for name, cfg, seed in (("gpt2", gpt2, 21), ("llama", llama, 22)):
+        flat = perturbed_params(cfg, seed)
+        model = TorchModel(flat, cfg)
+        for w in model.w.values():
+            w.requires_grad_(True)
+        rng = np.random.default_rng(seed + 900)
+        tokens = rng.integers(0, cfg.vocab, size=(2, 8), dtype=np.int64)
+        tokens[1, 5] = tokens[0, 2]  # a repeated token: its embedding row gets both gradients
+        targets = np.concatenate([tokens[:, 1:], rng.integers(0, cfg.vocab, size=(2, 1))], axis=1)
+        targets[0, :3] = -1  # a prompt, left out of the loss
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), t(targets).reshape(-1),
+                               ignore_index=-1)
+        loss.backward()
+        print(f"  {name}: loss {float(loss.detach()):.4f}")
+        arrays[f"{name}/config"] = np.array(config_json(cfg))
+        arrays[f"{name}/tokens"], arrays[f"{name}/targets"] = tokens, targets
+        arrays[f"{name}/loss"] = n(loss)
+        for key, value in flat.items():
+            arrays[f"{name}/{key}"] = value
+            arrays[f"{name}/grad/{key}"] = n(model.w[key].grad)
+    save("grads", **arrays)
+
+
 def main():
     torch.manual_seed(0)  # nothing below draws from torch's RNG, but fix it anyway
     print(f"torch {torch.__version__}")
@@ -306,6 +344,7 @@ def main():
     make_attention()
     make_rope()
     make_models()
+    make_grads()
     total = sum(p.stat().st_size for p in HERE.glob("*.npz"))
     print(f"total {total / 1024:.1f} KiB")
 
