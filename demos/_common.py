@@ -23,6 +23,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 import _figures  # noqa: E402  (imports matplotlib only when figures are asked for)
 import console  # noqa: E402
 from console import to_jsonable  # noqa: E402
+from transformer_lab.cli import EXIT_INTERRUPTED  # noqa: E402  (130, as a shell reports Ctrl-C)
 
 LANGS = ("zh", "en")
 LANG_ENV = "TRANSFORMER_LAB_LANG"
@@ -124,6 +125,20 @@ def render_demo(module, result, lang: str):
     module.render(result, lang)
 
 
+def stop_quietly(body) -> int:
+    """body()'s exit status; Ctrl-C ends it with 130 and Ctrl-D at a --pause prompt with 0,
+    neither with a traceback. Nothing else in a demo reads the terminal, so an EOFError
+    can only come from that prompt."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED
+    except EOFError:  # Ctrl-D at the pause: the lecturer is done
+        print()
+        return 0
+
+
 def run_demo(module, argv=None) -> int:
     """Run one demo module as a script: parse options, compute, then render or dump JSON."""
     prog = Path(module.__file__).name
@@ -137,18 +152,21 @@ def run_demo(module, argv=None) -> int:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
     console.set_pause(args.pause)
-    result = module.compute(quick=args.quick)
-    if args.json:
-        print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
-    else:
-        render_demo(module, result, lang)
-        if args.export:
-            console.export(args.export)
-            sys.stderr.write(f"exported to {args.export}\n")
-    if writer:
-        writer.write(module, result)
-        sys.stderr.write(writer.summary() + "\n")
-    return 0
+
+    def body():
+        result = module.compute(quick=args.quick)
+        if args.json:
+            print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
+        else:
+            render_demo(module, result, lang)
+            if args.export:
+                console.export(args.export)
+                sys.stderr.write(f"exported to {args.export}\n")
+        if writer:
+            writer.write(module, result)
+            sys.stderr.write(writer.summary() + "\n")
+        return 0
+    return stop_quietly(body)
 
 
 def load_demos() -> list:

@@ -7,6 +7,7 @@ prefill (offset 0) and cached decode (offset = tokens already in the cache).
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -16,6 +17,15 @@ from .ops import softmax
 def causal_mask(T, S, offset=0):
     """Boolean [T, S]: True where query i (at absolute position offset + i) may see key j."""
     return np.arange(S)[None, :] <= (offset + np.arange(T))[:, None]
+
+
+def _check_offset(offset) -> int:
+    """offset as an int: it counts cached tokens, so 0.7 or "3" is a mistake, not a value to round."""
+    try:
+        return operator.index(offset)  # int or NumPy integer; a float raises
+    except TypeError:
+        raise ValueError(f"attention_core: offset must be an integer (the number of tokens "
+                         f"before the first query), got {offset!r}") from None
 
 
 def _check_shapes(q, k, v, offset, causal):
@@ -31,10 +41,16 @@ def _check_shapes(q, k, v, offset, causal):
         raise ValueError(f"attention_core: batch mismatch, q has B={B}, k/v have B={Bk}")
     if Dk != D:
         raise ValueError(f"attention_core: head_dim mismatch, q has D={D}, k/v have D={Dk}")
+    if G == 0:
+        raise ValueError(f"attention_core: k/v have G=0 K/V heads, shape {k.shape}; "
+                         f"need at least one")
     if H % G:
         raise ValueError(f"attention_core: H={H} query heads is not a multiple of G={G} K/V heads")
     if offset < 0:
         raise ValueError(f"attention_core: offset must be >= 0, got {offset}")
+    if not causal and S == 0 and T > 0:
+        raise ValueError(f"attention_core: k/v have S=0 keys, shape {k.shape}; every query "
+                         f"needs at least one key to attend to")
     if causal and offset + T > S:
         raise ValueError(
             f"attention_core: offset + T = {offset} + {T} exceeds S = {S} keys; "
@@ -98,7 +114,7 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     masked scores become exact zeros after exp.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    offset = int(offset)
+    offset = _check_offset(offset)
     _check_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
@@ -144,7 +160,7 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
 def attention_weights(q, k, offset=0, *, causal=True, scale=None):
     """The softmax weights attention_core uses, [B, H, T, S], for inspection and heatmaps."""
     q, k = np.asarray(q), np.asarray(k)
-    offset = int(offset)
+    offset = _check_offset(offset)
     _check_shapes(q, k, None, offset, causal)
     B, T, H, _ = q.shape
     return _reference_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])
