@@ -29,6 +29,7 @@ from console import (fmt_time, heatmap, print_observations, print_section, print
                      print_text)
 from transformer_lab import (AdamW, Config, clip_grad_norm, cosine_lr, forward, init_params,
                              log_softmax, loss_and_grads, named_params)
+from transformer_lab.measure import blas_threads
 
 NUMBER = 10
 SEED = 10
@@ -343,7 +344,10 @@ def display_sequence(seed=SEED):
 # ---------------------------------------------------------------- compute and render
 
 def compute(quick=False):
-    params, cfg, curve, train_loss, seconds, held_out = train(quick)
+    # The model's matrices are 64 wide: a second BLAS thread only adds waiting, a lot of it
+    # when the lecturer's laptop is busy with other work.
+    with blas_threads(1):
+        params, cfg, curve, train_loss, seconds, held_out = train(quick)
     sizes = SIZES[quick]
     chance = math.log(VOCAB)
     final, prev, ind = evaluate(params, cfg, *held_out)

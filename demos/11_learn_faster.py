@@ -25,6 +25,7 @@ import _common  # noqa: F401  (puts the repo root on sys.path when run from a ch
 from console import fmt_time, print_observations, print_section, print_table, print_text
 from transformer_lab import (AdamW, clip_grad_norm, cosine_lr, cross_entropy, forward,
                              gpt2_config, init_params, llama_config, loss_and_grads, named_params)
+from transformer_lab.measure import blas_threads
 from transformer_lab.tasks import default_text_files, read_text, text_task
 
 NUMBER = 11
@@ -152,15 +153,10 @@ def n_params(params):
 
 
 def sgd_step(params, grads, lr):
-    """Plain SGD in place: p -= lr * g, over the nested layout."""
-    if isinstance(params, dict):
-        for key in params:
-            sgd_step(params[key], grads[key], lr)
-    elif isinstance(params, list):
-        for p, g in zip(params, grads):
-            sgd_step(p, g, lr)
-    else:
-        params -= np.float32(lr) * grads if params.dtype == np.float32 else lr * grads
+    """Plain SGD in place: p -= lr * g for every array of the layout (lr a Python float, so
+    float32 stays float32)."""
+    for (_, p), (_, g) in zip(named_params(params), named_params(grads)):
+        p -= float(lr) * g
 
 
 def train_once(setup, cfg, task, sizes, seed, eval_batch):
@@ -199,7 +195,8 @@ def compute(quick=False):
     for name in ROWS:
         setup = ROW_SETUP[name]
         cfg = cfgs[setup["arch"]]
-        losses = [train_once(setup, cfg, task, sizes, seed, eval_batch) for seed in SEEDS]
+        with blas_threads(1):  # small matrices: a second BLAS thread only adds waiting
+            losses = [train_once(setup, cfg, task, sizes, seed, eval_batch) for seed in SEEDS]
         rows.append({"name": name, **setup, "losses": losses,
                      "mean": float(np.mean(losses)), "std": float(np.std(losses, ddof=1))})
     seconds = time.perf_counter() - start

@@ -62,3 +62,21 @@ class ScriptedTimings:
 def jittered(seconds, spread=1.05, n=5):
     """n repeats around `seconds`, the slowest `spread` times the fastest."""
     return [seconds * (1 + (spread - 1) * i / (n - 1)) for i in range(n)]
+
+
+def written_without_missing_glyphs(module, result, tmp_path, lang):
+    """Write the demo's figures into tmp_path; their file names, sorted. Fails on a warning
+    about a missing glyph, and skips without matplotlib or, for zh, without a Chinese font."""
+    import warnings
+
+    import pytest
+    pytest.importorskip("matplotlib")
+    import _figures
+    writer = _figures.prepare(tmp_path, lang)
+    if lang == "zh" and writer.lang != "zh":
+        pytest.skip("no Chinese font installed (e.g. apt-get install fonts-noto-cjk)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = writer.write(module, result)
+    assert not [w for w in caught if "glyph" in str(w.message).lower()]
+    return sorted(p.name for p in paths)

@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 
-from demo_helpers import demo, quick_result, rendered_text
+from demo_helpers import demo, quick_result, rendered_text, written_without_missing_glyphs
 from transformer_lab import forward, init_params
 
 D10 = demo(10)
@@ -187,21 +187,6 @@ def test_the_random_part_wording_follows_its_deviation(quick):
 
 
 # ---------------------------------------------------------------- figures (--figures DIR)
-
-def written_without_missing_glyphs(module, result, tmp_path, lang):
-    """Write the demo's figures; the file names, and no complaint about a missing glyph."""
-    import warnings
-    pytest.importorskip("matplotlib")
-    import _figures
-    writer = _figures.prepare(tmp_path, lang)
-    if lang == "zh" and writer.lang != "zh":
-        pytest.skip("no Chinese font installed (e.g. apt-get install fonts-noto-cjk)")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        paths = writer.write(module, result)
-    assert not [w for w in caught if "glyph" in str(w.message).lower()]
-    return sorted(p.name for p in paths)
-
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
 def test_figures_are_written(quick, tmp_path, lang):

@@ -16,6 +16,7 @@ checkpoint whole.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -75,6 +76,28 @@ def _decode(value, arrays):
     return value
 
 
+@contextlib.contextmanager
+def atomic_write(path, mode="w"):
+    """Open a temporary file beside `path` for writing; on success it replaces `path` in one
+    rename, so a crash or Ctrl-C mid-write never damages the file that was there before."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them current
+        os.replace(tmp, path)
+    except BaseException:
+        # Ctrl-C or a full disk mid-write: drop the partial file, keep the old one.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
 def save_checkpoint(path, params, cfg: Config, **extra):
     """Write params, cfg and `extra` to `path` (one .npz) atomically; returns the Path."""
     if not isinstance(cfg, Config):
@@ -88,21 +111,8 @@ def save_checkpoint(path, params, cfg: Config, **extra):
             "extra": _encode(extra, "", arrays)}
     arrays[META_KEY] = np.array(json.dumps(meta))
 
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them current
-        os.replace(tmp, path)
-    except BaseException:
-        # Ctrl-C or a full disk mid-write: drop the partial file, keep the old checkpoint.
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(path, "wb") as f:
+        np.savez(f, **arrays)
     return path
 
 

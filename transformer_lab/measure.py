@@ -17,6 +17,7 @@ ordering.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import statistics
@@ -233,15 +234,11 @@ def param_bytes(params) -> int:
     return sum(int(a.nbytes) for _, a in named_params(params))
 
 
-def set_blas_threads(n: int):
-    """Set how many threads NumPy's OpenBLAS uses from now on; returns the previous count,
-    or None when no OpenBLAS is loaded (another BLAS, or an unusual platform).
-
-    Small matrices (a d_model=64 model's) gain nothing from a second thread and lose a
-    lot when the cores are busy with other work: the threads wait for each other.
-    """
+def openblas_functions():
+    """(library path, function-name prefix, suffix) of the OpenBLAS this process loaded, e.g.
+    ("/…/libscipy_openblas64_-….so", "scipy_openblas", "64_"), or None: NumPy links
+    OpenBLAS under several names, and only the loaded library can be asked or told."""
     import ctypes
-    import os
 
     try:
         with open("/proc/self/maps", encoding="utf-8") as f:
@@ -256,12 +253,37 @@ def set_blas_threads(n: int):
             continue
         for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", ""), ("openblas", "64_"),
                                ("scipy_openblas", "")):
-            get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            set_ = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-            if get is None or set_ is None:
-                continue
-            get.restype = ctypes.c_int
-            previous = int(get())
-            set_(ctypes.c_int(int(n)))
-            return previous
+            if getattr(lib, f"{prefix}_get_num_threads{suffix}", None) is not None:
+                return lib, path, prefix, suffix
     return None
+
+
+def set_blas_threads(n: int):
+    """Set how many threads NumPy's OpenBLAS uses from now on; returns the previous count,
+    or None when no OpenBLAS is loaded (another BLAS, or an unusual platform).
+
+    Small matrices (a d_model=64 model's) gain nothing from a second thread and lose a
+    lot when the cores are busy with other work: the threads wait for each other.
+    """
+    import ctypes
+
+    found = openblas_functions()
+    if found is None:
+        return None
+    lib, _, prefix, suffix = found
+    get = getattr(lib, f"{prefix}_get_num_threads{suffix}")
+    get.restype = ctypes.c_int
+    previous = int(get())
+    getattr(lib, f"{prefix}_set_num_threads{suffix}")(ctypes.c_int(int(n)))
+    return previous
+
+
+@contextlib.contextmanager
+def blas_threads(n: int):
+    """Run a block with n BLAS threads, then restore the previous count (see set_blas_threads)."""
+    previous = set_blas_threads(n)
+    try:
+        yield previous
+    finally:
+        if previous is not None:
+            set_blas_threads(previous)

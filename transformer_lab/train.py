@@ -26,14 +26,13 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .backward import loss_and_grads
-from .checkpoint import config_to_dict, load_checkpoint, save_checkpoint
+from .checkpoint import atomic_write, config_to_dict, load_checkpoint, save_checkpoint
 from .config import Config, gpt2_config, llama_config
 from .measure import set_blas_threads
 from .model import forward, init_params, named_params, sample_next
@@ -270,18 +269,9 @@ class Progress:
 # ---------------------------------------------------------------- files
 
 def write_json_atomic(path: Path, obj):
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
 
 
 def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts):
