@@ -492,9 +492,9 @@ def render(result, lang="zh"):
     labels = ["BOS" if i == result["vocab"] else str(int(i)) for i in disp["tokens"]]
     P, k = disp["period"], disp["show"]
     heatmap(disp["prev_weights"], labels[:k], labels[:k],
-            title=t["heat_prev"].format(h=result["prev_head"]))
+            title=t["heat_prev"].format(h=result["prev_head"]), scale=(0, 1))
     heatmap(disp["induction_weights"], labels[P + 1:], labels[:k],
-            title=t["heat_ind"].format(h=result["induction_head"]))
+            title=t["heat_ind"].format(h=result["induction_head"]), scale=(0, 1))
 
     print_observations(observations(result, lang))
 
