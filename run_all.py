@@ -4,7 +4,11 @@
     python run_all.py                 # all demos, Chinese
     python run_all.py --lang en --quick
     python run_all.py --only 1,3,5 --export slides.svg
+    python run_all.py --export-dir slides/    # one SVG per demo: slides/03_causal_mask.svg, ...
     python run_all.py --json > results.json
+    python run_all.py --figures figures/  # also PNG and SVG figures (needs matplotlib)
+
+In a notebook: from run_all import run_demo; run_demo(3, lang="en")
 """
 from __future__ import annotations
 
@@ -15,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "demos"))
 
+import _figures  # noqa: E402
 import console  # noqa: E402
-from _common import (LANGS, OneLineParser, UsageError, load_demos, render_demo,  # noqa: E402
-                     resolve_lang)
+from _common import (LANGS, OneLineParser, UsageError, check_outputs, export_name,  # noqa: E402
+                     load_demos, render_demo, resolve_lang, stop_quietly)
 from console import to_jsonable  # noqa: E402
 
-EXPORT_SUFFIXES = (".svg", ".html", ".htm", ".txt")
 DONE = {"zh": "全部演示完成：{n} 个，用时 {t}", "en": "All demos done: {n} in {t}"}
 
 
@@ -29,7 +33,8 @@ def parse_only(text: str, numbers: list[int]) -> list[int]:
     chosen = []
     for part in text.split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) not in numbers:
+        # ASCII digits only: int() also reads "١" as 1 and str.isdigit() accepts "²".
+        if not (part.isascii() and part.isdigit()) or int(part) not in numbers:
             raise UsageError(f"unknown demo number {part!r} in --only; valid demos: {valid}")
         chosen.append(int(part))
     return chosen
@@ -41,21 +46,23 @@ def main(argv=None) -> int:
     parser = OneLineParser(
         prog="run_all.py", description="Run the transformer_lab lecture demos in order.",
         valid_hint="valid options: --only N,N  --lang zh|en  --quick  --export FILE.svg|.html|.txt  "
-                   "--json  --pause")
+                   "--export-dir DIR  --json  --pause  --figures DIR")
     parser.add_argument("--only", help=f"comma-separated demo numbers ({', '.join(map(str, numbers))})")
     parser.add_argument("--lang", help=f"{' or '.join(LANGS)}; also TRANSFORMER_LAB_LANG")
     parser.add_argument("--quick", action="store_true", help="smaller timing sizes")
     parser.add_argument("--export", metavar="FILE", help="write everything printed to .svg, .html or .txt")
+    parser.add_argument("--export-dir", metavar="DIR", help="write one SVG per demo into DIR, for slides")
     parser.add_argument("--json", action="store_true", help="computed results as JSON, no tables")
     parser.add_argument("--pause", action="store_true", help="wait for Enter between demos and parts")
+    parser.add_argument("--figures", metavar="DIR", help="also write PNG and SVG figures there "
+                        "(needs matplotlib)")
     args = parser.parse_args(argv)
     try:
         lang = resolve_lang(args.lang)
-        chosen = parse_only(args.only, numbers) if args.only else numbers
-        if args.export and Path(args.export).suffix.lower() not in EXPORT_SUFFIXES:
-            raise UsageError(f"--export {args.export!r}: choose a file ending in "
-                             f"{', '.join(EXPORT_SUFFIXES)}")
-    except UsageError as e:
+        chosen = parse_only(args.only, numbers) if args.only is not None else numbers
+        check_outputs(args)  # every file this run writes, before any demo runs
+        writer = _figures.prepare(args.figures, lang) if args.figures else None
+    except (UsageError, _figures.FigureError) as e:
         sys.stderr.write(f"run_all.py: error: {e}\n")
         return 2
 
@@ -66,13 +73,20 @@ def main(argv=None) -> int:
         if demo.NUMBER not in chosen:
             continue
         result = demo.compute(quick=args.quick)
+        if writer:
+            writer.write(demo, result)
         if args.json:
             results[f"{demo.NUMBER:02d}"] = {"title": demo.TITLE[lang], "result": result}
             continue
         if results:
             console.pause()
+        start_mark = console.mark()
         render_demo(demo, result, lang)
+        if args.export_dir:
+            console.export(Path(args.export_dir) / export_name(demo), start=start_mark)
         results[f"{demo.NUMBER:02d}"] = True
+    if writer:
+        sys.stderr.write(writer.summary() + "\n")
     if args.json:
         print(json.dumps(to_jsonable({"lang": lang, "demos": results}), ensure_ascii=False, indent=1))
         return 0
@@ -81,8 +95,39 @@ def main(argv=None) -> int:
     if args.export:
         console.export(args.export)
         sys.stderr.write(f"exported to {args.export}\n")
+    if args.export_dir:
+        sys.stderr.write(f"exported {len(results)} files to {args.export_dir}\n")
     return 0
 
 
+def run_demo(number: int, lang: str = "zh", quick: bool = False, width: int = 80) -> None:
+    """Run one demo in a notebook cell (or a Python session): one output, no SystemExit.
+
+        from run_all import run_demo
+        run_demo(3, lang="en")
+
+    In Jupyter the demo is recorded and shown once, as coloured HTML that keeps
+    Chinese aligned (plain text for viewers without HTML); elsewhere it prints to the
+    terminal. Returns None, so the cell shows no Out[] value. A bad number or
+    language raises ValueError.
+    """
+    demos = {d.NUMBER: d for d in load_demos()}
+    if number not in demos:
+        raise ValueError(f"run_demo: no demo {number!r}; valid demos: {', '.join(map(str, demos))}")
+    if lang not in LANGS:
+        raise ValueError(f"run_demo: invalid lang {lang!r}; choose from: {', '.join(LANGS)}")
+    demo = demos[number]
+    result = demo.compute(quick=quick)
+    from rich.console import _is_jupyter
+    if not _is_jupyter():
+        render_demo(demo, result, lang)
+        return None
+    from IPython.display import display
+    with console.recording(width=width) as c:
+        render_demo(demo, result, lang)
+    display({"text/html": console.html_fragment(c), "text/plain": c.export_text(clear=False)}, raw=True)
+    return None
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(stop_quietly(main))  # Ctrl-C: exit 130; Ctrl-D at a --pause prompt: stop, exit 0

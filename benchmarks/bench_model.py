@@ -113,6 +113,11 @@ def run_decode(cfg, params, *, contexts=(128, 512, 2048), repeats_cached=20, rep
                      "recompute_ms": recompute["best_s"] * 1e3,
                      "recompute_median_ms": recompute["median_s"] * 1e3,
                      "speedup": recompute["best_s"] / cached["best_s"],
+                     "cached_spread": cached["spread"], "cached_waited": cached["waited"],
+                     "cached_steady": cached["steady"],
+                     "recompute_spread": recompute["spread"],
+                     "recompute_waited": recompute["waited"],
+                     "recompute_steady": recompute["steady"],
                      "cached_vs_recompute_max_abs_diff": diff})
     result = {"config": describe_config(cfg), "B": 1, "rows": rows,
               "timing": f"best of {repeats_cached} (cached) / {repeats_recompute} (recompute) "

@@ -8,6 +8,8 @@ import platform
 
 import numpy as np
 
+from transformer_lab.measure import openblas_functions
+
 # Environment variables that change how the BLAS runs; recorded, never set here.
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_VERBOSE")
@@ -54,30 +56,18 @@ def _threadpoolctl_info():
 
 def _openblas_from_loaded_library():
     """Ask the OpenBLAS that NumPy loaded, via ctypes, for its thread count and core type."""
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            paths = sorted({line.split()[-1] for line in f
-                            if "openblas" in line.lower() and ".so" in line})
-    except OSError:
+    found = openblas_functions()
+    if found is None:
         return None
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_openblas", "64_"), ("openblas", ""), ("openblas", "64_"),
-                               ("scipy_openblas", "")):
-            threads = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-            if threads is None:
-                continue
-            threads.restype = ctypes.c_int
-            info = {"library": os.path.basename(path), "num_threads": int(threads())}
-            corename = getattr(lib, f"{prefix}_get_corename{suffix}", None)
-            if corename is not None:
-                corename.restype = ctypes.c_char_p
-                info["core_type"] = corename().decode(errors="replace")
-            return info
-    return None
+    lib, path, prefix, suffix = found
+    threads = getattr(lib, f"{prefix}_get_num_threads{suffix}")
+    threads.restype = ctypes.c_int
+    info = {"library": os.path.basename(path), "num_threads": int(threads())}
+    corename = getattr(lib, f"{prefix}_get_corename{suffix}", None)
+    if corename is not None:
+        corename.restype = ctypes.c_char_p
+        info["core_type"] = corename().decode(errors="replace")
+    return info
 
 
 def blas_threads():

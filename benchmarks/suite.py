@@ -10,12 +10,15 @@ from pathlib import Path
 
 from console import to_jsonable
 
+from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
+
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-SECTIONS = ("attention", "forward", "decode")
+SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
@@ -39,13 +42,17 @@ class Profile:
     decode_repeats_cached: int = 20
     decode_repeats_recompute: int = 3
     model: dict = field(default_factory=dict)
+    train_B: int = 8
+    train_T: int = 128
+    train_repeats: int = 5
+    train_model: dict = field(default_factory=dict)  # overrides fields of the training config
 
 
 FULL = Profile("full")
 QUICK = Profile("quick", attn_sizes=(128, 512), attn_repeats=5, einsum_max_T=128,
                 peak_repeats=5, forward_B=1, forward_T=256, forward_repeats=3,
                 decode_contexts=(128, 256, 512), decode_repeats_cached=10,
-                decode_repeats_recompute=2)
+                decode_repeats_recompute=2, train_repeats=2)
 
 # Targets: attention_core >= 0.8x the batched-matmul formulation at every size and >= 30 %
 # of the matmul peak at T = 2048; forward within 1.3x of PyTorch; cached decode at most
@@ -54,6 +61,7 @@ CORE_VS_BMM_MIN = 0.8
 PEAK_FRACTION_MIN = 0.30
 PEAK_AT_T = 2048
 TORCH_RATIO_MAX = 1.3
+TRAIN_TORCH_RATIO_MAX = 2.0
 DECODE_SPEEDUP_MIN = 10.0
 DECODE_SPEEDUP_AT = 2048
 LINEARITY_MAX = 1.15
@@ -62,6 +70,7 @@ LINEARITY_MAX = 1.15
 def evaluate_targets(results):
     """One entry per target: what was required, what was measured, met (True/False/None = not run)."""
     targets = []
+    _steady = _steady_figures
     att = results.get("attention")
     if att:
         worst = min(att["rows"], key=lambda r: r["core_vs_bmm"])
@@ -69,7 +78,8 @@ def evaluate_targets(results):
             "name": "attention_core vs batched matmul, every size",
             "target": f">= {CORE_VS_BMM_MIN}x", "measured": worst["core_vs_bmm"],
             "measured_text": f"worst {worst['core_vs_bmm']:.2f}x (T={worst['T']}, G={worst['G']})",
-            "met": worst["core_vs_bmm"] >= CORE_VS_BMM_MIN})
+            "met": worst["core_vs_bmm"] >= CORE_VS_BMM_MIN,
+            "steady": _steady(worst["attention_core"], worst["bmm"])})
         at = [r for r in att["rows"] if r["T"] == PEAK_AT_T]
         if at:
             low = min(at, key=lambda r: r["core_fraction_of_peak"])
@@ -78,7 +88,8 @@ def evaluate_targets(results):
                 "target": f">= {PEAK_FRACTION_MIN:.0%}", "measured": low["core_fraction_of_peak"],
                 "measured_text": f"lowest {low['core_fraction_of_peak']:.0%} (G={low['G']}; "
                                  f"peak {att['matmul_peak']['gflops']:.1f} GFLOP/s)",
-                "met": low["core_fraction_of_peak"] >= PEAK_FRACTION_MIN})
+                "met": low["core_fraction_of_peak"] >= PEAK_FRACTION_MIN,
+                "steady": _steady(low["attention_core"], att["matmul_peak"])})
         else:
             targets.append({"name": f"attention_core at T={PEAK_AT_T} vs float32 matmul peak",
                             "target": f">= {PEAK_FRACTION_MIN:.0%}", "measured": None,
@@ -91,7 +102,18 @@ def evaluate_targets(results):
             "target": f"<= {TORCH_RATIO_MAX}x", "measured": ratio,
             "measured_text": (f"{ratio:.2f}x" if ratio is not None
                               else f"skipped: {fwd.get('torch_skipped')}"),
-            "met": None if ratio is None else ratio <= TORCH_RATIO_MAX})
+            "met": None if ratio is None else ratio <= TORCH_RATIO_MAX,
+            "steady": _steady(fwd.get("numpy"), fwd.get("torch"))})
+    tr = results.get("train")
+    if tr:
+        ratio = tr.get("numpy_over_torch_time")
+        targets.append({
+            "name": "training step time vs PyTorch eager (forward, backward, AdamW)",
+            "target": f"<= {TRAIN_TORCH_RATIO_MAX}x", "measured": ratio,
+            "measured_text": (f"{ratio:.2f}x" if ratio is not None
+                              else f"skipped: {tr.get('torch_skipped')}"),
+            "met": None if ratio is None else ratio <= TRAIN_TORCH_RATIO_MAX,
+            "steady": _steady(tr.get("numpy"), tr.get("torch"))})
     dec = results.get("decode")
     if dec:
         lin = dec.get("linearity")
@@ -104,7 +126,8 @@ def evaluate_targets(results):
                               f"{lin['ratio']:.2f}x the line; fit "
                               f"{fit.get('slope_ms_per_1k_context', float('nan')):.3f} ms per 1k "
                               f"tokens + {fit.get('intercept_ms', float('nan')):.2f} ms"),
-            "met": None if lin is None else lin["ratio"] <= LINEARITY_MAX})
+            "met": None if lin is None else lin["ratio"] <= LINEARITY_MAX,
+            "steady": lin is None or all(r.get("cached_steady", True) for r in dec["rows"])})
         at = [r for r in dec["rows"] if r["context"] == DECODE_SPEEDUP_AT]
         targets.append({
             "name": f"cached decode vs recompute at context {DECODE_SPEEDUP_AT}",
@@ -112,8 +135,15 @@ def evaluate_targets(results):
             "measured": at[0]["speedup"] if at else None,
             "measured_text": (f"{at[0]['speedup']:.1f}x" if at
                               else f"context {DECODE_SPEEDUP_AT} not run in this profile"),
-            "met": (at[0]["speedup"] >= DECODE_SPEEDUP_MIN) if at else None})
+            "met": (at[0]["speedup"] >= DECODE_SPEEDUP_MIN) if at else None,
+            "steady": all(at[0].get(f"{k}_steady", True) for k in ("cached", "recompute"))
+            if at else True})
     return targets
+
+
+def _steady_figures(*stats):
+    """Whether every figure a target was read from came from steady repeats."""
+    return all(s is None or s.get("steady", True) for s in stats)
 
 
 def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None, use_torch=True,
@@ -153,6 +183,14 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None
                                          repeats=profile.forward_repeats, use_torch=use_torch)
         results["load"]["after_forward"] = load_average()
         print_forward(out, results["forward"])
+
+    if "train" in sections:
+        tcfg = train_config(**profile.train_model)
+        results["train"] = run_train(tcfg, B=profile.train_B, T=profile.train_T,
+                                     repeats=profile.train_repeats, peak_n=profile.peak_n,
+                                     peak_repeats=profile.peak_repeats, use_torch=use_torch)
+        results["load"]["after_train"] = load_average()
+        print_train(out, results["train"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -198,21 +236,42 @@ def _load_text(load):
     return ", ".join(parts) or "?"
 
 
+UNSTEADY_NOTE = (f"~ marks an unsteady figure: its repeats disagreed by more than "
+                 f"{UNSTEADY:g}x (slowest / fastest) or the threads waited for a CPU for more "
+                 f"than {WAIT_LIMIT:.0%} of the measured time; compare it with care.")
+
+
+def _mark(text, *stats):
+    """A figure from unsteady repeats is marked ~ (spread and wait are in the JSON)."""
+    steady = all(s is None or s.get("steady", True) for s in stats)
+    return str(text) if steady else f"{text} ~"
+
+
+def _caption(caption, cells):
+    """The caption, plus the note on ~ when any cell carries the mark."""
+    marked = any(str(c).endswith(" ~") for row in cells for c in row)
+    return f"{caption} {UNSTEADY_NOTE}" if marked else caption
+
+
 def print_attention(out, a):
     peak = a["matmul_peak"]
     out.header(f"attention_core throughput ({a['dtype']}, B={a['B']}, H={a['H']}, D={a['D']}, causal)")
     rows = []
     for r in a["rows"]:
         e = r["einsum"]
-        rows.append([r["T"], r["G"], out.num(r["attention_core"]["gflops"]),
-                     out.num(r["bmm"]["gflops"]), "-" if e is None else out.num(e["gflops"]),
-                     f"{r['core_vs_bmm']:.2f}x", f"{r['core_fraction_of_peak']:.0%}",
-                     out.time(r["attention_core"]["best_s"])])
+        core, bmm = r["attention_core"], r["bmm"]
+        rows.append([r["T"], r["G"], _mark(out.num(core["gflops"]), core),
+                     _mark(out.num(bmm["gflops"]), bmm),
+                     "-" if e is None else _mark(out.num(e["gflops"]), e),
+                     _mark(f"{r['core_vs_bmm']:.2f}x", core, bmm),
+                     _mark(f"{r['core_fraction_of_peak']:.0%}", core, peak),
+                     _mark(out.time(core["best_s"]), core)])
+    peak_text = _mark(f"{peak['gflops']:.1f}", peak)
     out.table(["T", "G", "attention_core GFLOP/s", "batched matmul GFLOP/s", "einsum GFLOP/s",
                "core / bmm", "core / peak", "core time"], rows,
-              caption=f"FLOPs = {a['flop_convention']} float32 matmul peak "
-                      f"({peak['n']}x{peak['n']}, this run): {peak['gflops']:.1f} GFLOP/s. "
-                      f"Timing: {a['timing']}.")
+              caption=_caption(f"FLOPs = {a['flop_convention']} float32 matmul peak "
+                               f"({peak['n']}x{peak['n']}, this run): {peak_text} GFLOP/s. "
+                               f"Timing: {a['timing']}.", rows + [[peak_text]]))
     big = max(r["T"] for r in a["rows"])
     out.observations(
         [f"Counting only the visible (causal) pairs, attention_core at T={r['T']}, G={r['G']} "
@@ -224,20 +283,56 @@ def print_attention(out, a):
 def print_forward(out, f):
     c = f["config"]
     out.header(f"Forward throughput (B={f['B']}, T={f['T']}, float32)")
-    rows = [["transformer_lab (NumPy)", out.time(f["numpy"]["best_s"]),
-             out.num(f["numpy"]["tokens_per_s"]), "1.00x"]]
+    rows = [["transformer_lab (NumPy)", _mark(out.time(f["numpy"]["best_s"]), f["numpy"]),
+             _mark(out.num(f["numpy"]["tokens_per_s"]), f["numpy"]), "1.00x"]]
     if f.get("torch"):
         t = f["torch"]
-        rows.append([f"PyTorch {t['version']} eager, {t['threads']} threads", out.time(t["best_s"]),
-                     out.num(t["tokens_per_s"]), f"{f['numpy_over_torch_time']:.2f}x"])
+        rows.append([f"PyTorch {t['version']} eager, {t['threads']} threads",
+                     _mark(out.time(t["best_s"]), t), _mark(out.num(t["tokens_per_s"]), t),
+                     _mark(f"{f['numpy_over_torch_time']:.2f}x", t, f["numpy"])])
     out.table(["implementation", "time", "tokens/s", "NumPy time / this"], rows,
-              caption=_config_text(c) + f" BLAS threads {f['blas_threads']}. Timing: {f['timing']}.")
+              caption=_caption(_config_text(c) + f" BLAS threads {f['blas_threads']}. "
+                               f"Timing: {f['timing']}.", rows))
     if f.get("torch"):
         t = f["torch"]
         out.observations([f"Logits agree with PyTorch: {t['logits_agree']} (max |diff| "
                           f"{t['logits_max_abs_diff']:.2e}, max |logit| {t['logits_max_abs']:.2e})"])
     else:
         out.observations([f"PyTorch row skipped: {f['torch_skipped']}."])
+
+
+def print_train(out, r):
+    out.header(f"Training step (B={r['B']}, T={r['T']}, float32: forward, backward, AdamW)")
+    peak = r["matmul_peak"]
+    n = r["numpy"]
+    rows = [["transformer_lab (NumPy)", _mark(out.time(n["best_s"]), n),
+             _mark(out.num(n["tokens_per_s"]), n), _mark(out.num(n["gflops"]), n),
+             _mark(f"{n['fraction_of_peak']:.0%}", n), "1.00x"]]
+    t = r.get("torch")
+    if t:
+        rows.append([f"PyTorch {t['version']}", _mark(out.time(t["best_s"]), t),
+                     _mark(out.num(t["tokens_per_s"]), t), _mark(out.num(t["gflops"]), t),
+                     _mark(f"{t['fraction_of_peak']:.0%}", t),
+                     _mark(f"{r['numpy_over_torch_time']:.2f}x", t, n)])
+    caption = (_config_text(r["config"]) + " PyTorch runs eager with autograd and "
+               f"torch.optim.AdamW. {r['flops_per_step'] / 1e9:.2f} GFLOP per step "
+               f"({r['flop_convention']}); float32 matmul peak ({peak['n']}x{peak['n']}, this "
+               f"run) {peak['gflops']:.1f} GFLOP/s. BLAS threads {r['blas_threads']}. "
+               f"Timing: {r['timing']}.")
+    out.table(["implementation", "step", "tokens/s", "GFLOP/s", "of peak", "NumPy / this"],
+              rows, caption=_caption(caption, rows))
+    m = r["memory"]
+    notes = [f"Activation record of one step: {m['activation_record_bytes'] / 2**20:.1f} MiB in "
+             f"{m['activation_record_arrays']} arrays (parameters: {m['params_bytes'] / 2**20:.1f} "
+             f"MiB); NumPy's peak during loss_and_grads: {m['peak_step_bytes'] / 2**20:.1f} MiB "
+             f"above what it held before (tracemalloc)."]
+    if t:
+        notes.append(f"Same weights, same batch: loss {t['loss']:.4f} in PyTorch, |diff| "
+                     f"{t['loss_abs_diff']:.1e}; gradients agree: {t['grads_agree']} (largest "
+                     f"relative difference {t['grads_max_rel_diff']:.1e}).")
+    else:
+        notes.append(f"PyTorch row skipped: {r['torch_skipped']}.")
+    out.observations(notes)
 
 
 def _config_text(c):
@@ -248,9 +343,14 @@ def _config_text(c):
 
 def print_decode(out, d):
     out.header("KV-cache decode (B=1, ms per generated token)")
-    rows = [[r["context"], f"{r['cached_ms']:.2f}", f"{r['recompute_ms']:.1f}", f"{r['speedup']:.1f}x"]
-            for r in d["rows"]]
-    caption = _config_text(d["config"]) + f" Timing: {d['timing']}."
+    rows = []
+    for r in d["rows"]:
+        cached = {"steady": r.get("cached_steady", True)}
+        recompute = {"steady": r.get("recompute_steady", True)}
+        rows.append([r["context"], _mark(f"{r['cached_ms']:.2f}", cached),
+                     _mark(f"{r['recompute_ms']:.1f}", recompute),
+                     _mark(f"{r['speedup']:.1f}x", cached, recompute)])
+    caption = _caption(_config_text(d["config"]) + f" Timing: {d['timing']}.", rows)
     out.table(["context", "cached ms/token", "recompute ms/token", "speedup"], rows, caption=caption)
     notes = []
     if "fit" in d:
@@ -280,5 +380,7 @@ def print_memory(out, m):
 def print_targets(out, targets):
     out.header("Targets")
     verdict = {True: "met", False: "MISSED", None: "not run"}
-    out.table(["target", "required", "measured", "verdict"],
-              [[t["name"], t["target"], t["measured_text"], verdict[t["met"]]] for t in targets])
+    rows = [[t["name"], t["target"], _mark(t["measured_text"], {"steady": t.get("steady", True)}),
+             verdict[t["met"]]] for t in targets]
+    out.table(["target", "required", "measured", "verdict"], rows,
+              caption=_caption("", rows).strip() or None)

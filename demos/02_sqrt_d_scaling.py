@@ -185,5 +185,38 @@ def render(result, lang="zh"):
     ])
 
 
+FIG_TEXT = {
+    "zh": {"title": "不除以 √d，softmax 随 d 饱和，梯度消失", "d": "维度 d（对数坐标）",
+           "maxw": "softmax 最大权重（均值）", "jac": "softmax 雅可比矩阵的范数（均值）",
+           "raw": "原始 q·k", "scaled": "q·k / √d"},
+    "en": {"title": "Unscaled, softmax saturates with d and its gradient vanishes",
+           "d": "dimension d (log scale)", "maxw": "largest softmax weight (mean)",
+           "jac": "norm of the softmax Jacobian (mean)", "raw": "raw q·k", "scaled": "q·k / √d"},
+}
+
+
+def figures(result, lang="zh"):
+    """The sweep table as two panels: max weight and Jacobian norm against d, raw vs scaled."""
+    from _figures import new_figure
+    t = FIG_TEXT[lang]
+    sweep = result["sweep"]
+    dims = [r["d"] for r in sweep]
+    fig, (ax_w, ax_j) = new_figure(ncols=2, size=(10, 4.5))
+    for ax, key, ylabel in ((ax_w, "max_weight", t["maxw"]), (ax_j, "jacobian", t["jac"])):
+        for name, marker, colour in (("raw", "o", "tab:red"), ("scaled", "s", "tab:blue")):
+            ax.plot(dims, [r[name][key] for r in sweep], marker=marker, color=colour,
+                    label=t[name], gid=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(dims, [str(d) for d in dims])
+        ax.minorticks_off()
+        ax.set_xlabel(t["d"])
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+    ax_w.set_ylim(top=1.05)
+    ax_w.legend(loc="center right")
+    fig.suptitle(t["title"])
+    return {"saturation": fig}
+
+
 if __name__ == "__main__":
     sys.exit(_common.run_demo(sys.modules[__name__]))

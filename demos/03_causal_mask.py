@@ -179,7 +179,7 @@ def render(result, lang="zh"):
 
     print_section(t["heat"].format(layer=0, head=HEAD))
     labels = [f"t{i}" for i in range(T)]
-    heatmap(result["weights"], labels, labels)
+    heatmap(result["weights"], labels, labels, scale=(0, 1))
 
     after = mask["causal"][CHANGED:]
     decode_steps = len(cache["steps"]) - 1
@@ -195,6 +195,28 @@ def render(result, lang="zh"):
         t["obs_heat"].format(rowsum=fmt_float(result["row_sum_dev"]),
                              unif=fmt_float(result["uniform_dev"])),
     ])
+
+
+FIG_TEXT = {
+    "zh": {"title": "第 {layer} 层第 {head} 个头的注意力权重（灰色 = 被因果掩码遮住）",
+           "query": "查询位置", "key": "键位置", "weight": "注意力权重"},
+    "en": {"title": "Layer {layer}, head {head} attention weights (grey = masked)",
+           "query": "query position", "key": "key position", "weight": "attention weight"},
+}
+
+
+def figures(result, lang="zh"):
+    """The heatmap of layer 0's head, on the fixed 0–1 scale, masked cells in grey."""
+    from _figures import heatmap, new_figure
+    t = FIG_TEXT[lang]
+    w = np.asarray(result["weights"])
+    labels = [f"t{i}" for i in range(w.shape[0])]
+    fig, ax = new_figure(size=(7.5, 6.5))
+    heatmap(ax, w, labels, labels, colorbar_label=t["weight"], mask_above_diagonal=True)
+    ax.set_xlabel(t["key"])
+    ax.set_ylabel(t["query"])
+    ax.set_title(t["title"].format(layer=0, head=HEAD))
+    return {"heatmap": fig}
 
 
 if __name__ == "__main__":

@@ -37,6 +37,11 @@ GRAM_BLOCK = 500
 # (c) RoPE relative scores
 ROPE_DIM = 64
 ROPE_PAIRS = ((5, 2), (105, 102), (10005, 10002), (5, 4))
+ROPE_CURVE_OFFSETS = range(-40, 41)  # m − n for the figure's score curve
+ROPE_CURVE_BASES = (50, 10050)  # n near the start and far away: the same curve
+
+# figures: the sinusoidal encoding matrix for positions 0..PE_FIGURE_POSITIONS-1
+PE_FIGURE_POSITIONS = 128
 
 # (d) a previous-token head from RoPE alone
 HEAD_T = 12
@@ -279,6 +284,19 @@ def rope_scores(seed=SEED, d=ROPE_DIM, pairs=ROPE_PAIRS):
     return rows
 
 
+def rope_score_curve(seed=SEED, d=ROPE_DIM, offsets=ROPE_CURVE_OFFSETS, bases=ROPE_CURVE_BASES):
+    """q_m·k_n against m − n for each base n, with the q and k of rope_scores()."""
+    rng = np.random.default_rng(seed)
+    q, k = rng.normal(size=d), rng.normal(size=d)
+    offsets = np.asarray(offsets)
+    scores = []
+    for n in bases:
+        qm = rotate(np.tile(q, (len(offsets), 1)), n + offsets)  # [len(offsets), D]
+        kn = rotate(k[None], [n])[0]
+        scores.append(qm @ kn)
+    return {"offsets": offsets, "bases": list(bases), "scores": np.array(scores)}
+
+
 # ---------------------------------------------------------------- (d) previous-token head
 
 def previous_token_head(t=HEAD_T, d=HEAD_DIM, pair=HEAD_PAIR, k_norm=HEAD_NORM):
@@ -322,7 +340,8 @@ def compute(quick=False):
         "shift_errors": shift_errors(),
         "n_distinct": N_DISTINCT, "min_distance": dmin, "min_distance_offset": kmin,
         "gram": gram,
-        "rope_dim": ROPE_DIM, "rope": rope_scores(),
+        "rope_dim": ROPE_DIM, "rope": rope_scores(), "rope_curve": rope_score_curve(),
+        "pe_matrix": sinusoidal_pe(np.arange(PE_FIGURE_POSITIONS), PE_DIM),
         "head_weights": weights, "head_theta": theta, "head_gap": gap,
         "head_dim": HEAD_DIM, "head_pair": HEAD_PAIR, "head_norm": HEAD_NORM,
     }
@@ -411,9 +430,67 @@ def render(result, lang="zh"):
                                       turn=2 * np.pi / result["head_theta"],
                                       norm=result["head_norm"]))
     labels = [f"t{i}" for i in range(w.shape[0])]
-    heatmap(w, labels, labels, title=t["heat_title"])
+    heatmap(w, labels, labels, title=t["heat_title"], scale=(0, 1))
 
     print_observations(observations(result, lang))
+
+
+FIG_TEXT = {
+    "zh": {"pe_title": "正弦位置编码（d = {d}）：左边的通道转得快，右边的转得慢",
+           "position": "位置 p", "channel": "通道 i", "pe_value": "PE(p)ᵢ",
+           "rope_title": "RoPE：qₘ·kₙ 只取决于 m − n", "m_minus_n": "m − n",
+           "score": "qₘ·kₙ", "base": "n = {n}", "table": "表中的 (m, n)",
+           "head_title": "只用 RoPE 搭出的“前一个 token”头", "query": "查询 t", "key": "键",
+           "weight": "注意力权重"},
+    "en": {"pe_title": "Sinusoidal encodings (d = {d}): left channels turn fast, right ones slowly",
+           "position": "position p", "channel": "channel i", "pe_value": "PE(p)ᵢ",
+           "rope_title": "RoPE: qₘ·kₙ depends on m − n only", "m_minus_n": "m − n",
+           "score": "qₘ·kₙ", "base": "n = {n}", "table": "(m, n) in the table",
+           "head_title": "A previous-token head from RoPE alone", "query": "query t",
+           "key": "key", "weight": "attention weight"},
+}
+
+
+def figures(result, lang="zh"):
+    """The encoding matrix, the RoPE score against m − n, and the hand-built head."""
+    from _figures import heatmap, new_figure
+    t = FIG_TEXT[lang]
+    out = {}
+
+    pe = np.asarray(result["pe_matrix"])
+    fig, ax = new_figure(size=(8, 6))
+    image = ax.imshow(pe, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label=t["pe_value"])
+    ax.set_xlabel(t["channel"])
+    ax.set_ylabel(t["position"])
+    ax.grid(False)
+    ax.set_title(t["pe_title"].format(d=pe.shape[1]))
+    out["sinusoidal"] = fig
+
+    curve = result["rope_curve"]
+    fig, ax = new_figure()
+    for base, scores, style in zip(curve["bases"], curve["scores"], ("-", "--")):
+        ax.plot(curve["offsets"], scores, style, linewidth=2.5 if style == "-" else 1.5,
+                label=t["base"].format(n=base), gid=f"base {base}")
+    rope = result["rope"]
+    ax.plot([r["m"] - r["n"] for r in rope], [r["score"] for r in rope], "o", color="black",
+            markersize=7, label=t["table"], gid="table")
+    ax.axhline(0, color="0.5", linewidth=0.8)
+    ax.set_xlabel(t["m_minus_n"])
+    ax.set_ylabel(t["score"])
+    ax.set_title(t["rope_title"])
+    ax.legend()
+    out["rope_score"] = fig
+
+    w = np.asarray(result["head_weights"])
+    labels = [f"t{i}" for i in range(w.shape[0])]
+    fig, ax = new_figure(size=(7.5, 6.5))
+    heatmap(ax, w, labels, labels, colorbar_label=t["weight"], mask_above_diagonal=True)
+    ax.set_xlabel(t["key"])
+    ax.set_ylabel(t["query"])
+    ax.set_title(t["head_title"])
+    out["previous_token_head"] = fig
+    return out
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ brings the one-step-at-a-time shape back, which makes it memory-bound.
 from __future__ import annotations
 
 import sys
-import time
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from rich.cells import cell_len
 
 from console import fmt_num, fmt_time, print_observations, print_section, print_table, print_text
 from transformer_lab import attention_core
+from transformer_lab.measure import UNSTEADY, WAIT_LIMIT, matmul_peak, speed_check, time_rows
 
 NUMBER = 6
 SEED = 6
@@ -26,7 +26,9 @@ D = 256
 FLOP_NS = (64, 256, 1024, 4096)
 TIME_NS = (256, 1024, 4096)
 QUICK_TIME_NS = (64, 256, 512)
-REPEATS = 3  # best of 3, after one warm-up run
+REPEATS = 5  # median of 5 interleaved repeats, after one warm-up run
+BUDGET_S, QUICK_BUDGET_S = 2.0, 1.0  # seconds that re-measuring unsteady rows may take
+PEAK_N = 1024  # the machine's speed: a 1024 x 1024 float32 matmul before and after the timing
 DTYPE = np.float32
 SIMILAR = 1.1  # two times within 10% of each other are "about the same"
 
@@ -39,13 +41,22 @@ TEXT = {
         "flops_note": "投影（Q、K、V、O 四个 d×d 矩阵）和 RNN 自己的矩阵乘一样按 token 计算，"
                       "但 n 个 token 可以一次算完。因果掩码只需要 n(n+1)/2 个看得见的打分："
                       "2n(n+1)d，约为核心的一半。",
-        "timing": "实测时间（float32，batch 1，d = {d}，预热一次后取 {r} 次最好）",
+        "timing": "实测时间（float32，batch 1，d = {d}，预热一次后轮流测 {r} 次，取中位数）",
         "timing_note": "RNN 逐步：h_t = tanh(h_{{t−1}}·W_h + x_t·W_x)，Python 循环，每步两个 "
                        "[1,d]@[d,d]；同样的 FLOPs 一次算：[h_{{t−1}},x_t] 拼成 [n,2d]，"
                        "乘 [2d,d]；因果注意力：attention_core，1 个头，head_dim = d。",
-        "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "因果注意力",
-        "loop_over_mm": "逐步÷矩阵乘", "attn_over_loop": "注意力÷逐步",
+        "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "注意力",
+        "loop_over_mm": "逐步÷矩阵乘", "attn_over_loop": "注意力÷逐步", "spread": "波动",
         "rates": "GFLOP/s（注意力按 2n(n+1)d 计）",
+        "unsteady_after": "~ 重测 {s} 后，这些行仍不稳定",
+        "unsteady_no_time": "~ 这些行不稳定（再测一次会超出 {b} 的重测时间预算）",
+        "unsteady_why": "：重复测量的最慢÷最快超过 {lim}，或者本演示的线程等 CPU 的时间超过"
+                        "测量时间的 {w}。这些行的快慢顺序可能不成立。",
+        "busy": "测量时机器很忙：重复测量的结果相差最多 {x} 倍{wait}；标 ~ 的行，"
+                "快慢顺序可能不成立，下面不据此下结论。",
+        "busy_wait": "，本演示的线程等 CPU 的时间是测量时间的 {w}（各线程相加）",
+        "speed_changed": "机器的速度在演示中途变了：{n}×{n} 的 float32 矩阵乘开始时 "
+                         "{a}FLOP/s，结束时 {b}FLOP/s。",
         "same_check": "一次矩阵乘算出的隐状态与逐步循环最多差 {err}（同样的算术，只差 "
                       "float32 舍入）。但它要先知道所有 h_{{t−1}}，而 RNN 恰恰做不到。",
         "obs_flops": "FLOPs：每个 token，RNN 要 4d²，注意力核心要 4nd，所以核心的计算量是 "
@@ -69,6 +80,9 @@ TEXT = {
         "attn_cheaper": "注意力用时是 RNN 的 {x:.1f} 倍，但每个 FLOP 快了 {g:.1f} 倍，"
                         "因为它的打分都在几次大矩阵乘里算完。",
         "attn_slower": "注意力用时是 RNN 的 {x:.1f} 倍：这台机器上，多出来的计算没有被并行赚回来。",
+        "obs_loop_unknown": "n = {n} 时，逐步的 RNN 用了 {t_loop}，同样的 FLOPs 一次矩阵乘用了 "
+                            "{t_mm}；但这一行的测量不稳定（标 ~），这里无法判断哪个更快。",
+        "attn_unknown": "这一行的测量不稳定（标 ~），这里无法判断哪个更快。",
         "obs_training": "训练时整段序列都已知，所有位置可以同时算。注意力和投影都是几次"
                         "大矩阵乘，能把所有核都用上。RNN 做不到：h_t 要等 h_{{t−1}}，"
                         "n = {n} 就是 {n} 个前后依赖的小步，硬件再多也帮不上。GPU "
@@ -89,14 +103,27 @@ TEXT = {
         "flops_note": "The projections (Q, K, V, O: four d×d matrices) are per-token work like "
                       "the RNN's own matmuls, but all n tokens go through at once. A causal mask "
                       "needs only the n(n+1)/2 visible scores: 2n(n+1)d, about half the core.",
-        "timing": "Measured (float32, batch 1, d = {d}, best of {r} after one warm-up)",
+        "timing": "Measured (float32, batch 1, d = {d}, median of {r} interleaved repeats "
+                  "after one warm-up)",
         "timing_note": "RNN loop: h_t = tanh(h_{{t−1}}·W_h + x_t·W_x), a Python loop doing two "
                        "[1,d]@[d,d] per step; same FLOPs as one matmul: the rows "
                        "[h_{{t−1}},x_t] stacked into [n,2d] times [2d,d]; causal attention: "
                        "attention_core, 1 head, head_dim = d.",
         "loop": "RNN loop", "matmul": "1 matmul", "attention": "attention",
-        "loop_over_mm": "loop÷matmul", "attn_over_loop": "attn÷loop",
+        "loop_over_mm": "loop÷matmul", "attn_over_loop": "attn÷loop", "spread": "spread",
         "rates": "GFLOP/s (attention: 2n(n+1)d FLOPs)",
+        "unsteady_after": "~ rows still unsteady after {s} of re-measuring",
+        "unsteady_no_time": "~ rows unsteady (one more measurement would not have fitted in "
+                            "the {b} re-measuring budget)",
+        "unsteady_why": ": their repeats disagreed by more than {lim} (slowest ÷ fastest), or "
+                        "this demo's threads waited for a CPU for more than {w} of the "
+                        "measured time. Their orderings may not hold.",
+        "busy": "The machine was busy while measuring: repeats varied by up to {x}×{wait}; "
+                "orderings marked ~ may not hold, and none is read from them below.",
+        "busy_wait": ", and this demo's threads waited for a CPU for {w} of the measured "
+                     "time (summed over threads)",
+        "speed_changed": "The machine's speed changed mid-demo: a {n}×{n} float32 matmul ran "
+                         "at {a}FLOP/s at the start and {b}FLOP/s at the end.",
         "same_check": "The one matmul's hidden states differ from the loop's by at most {err} "
                       "(the same arithmetic, float32 rounding). But it needs every h_{{t−1}} "
                       "first, which is exactly what an RNN cannot have.",
@@ -124,6 +151,11 @@ TEXT = {
                         "scores come out of a few big matmuls.",
         "attn_slower": "{x:.1f}× as long: on this machine the extra work was not paid back by "
                        "parallelism.",
+        "obs_loop_unknown": "At n = {n} the step-by-step RNN took {t_loop} and the same FLOPs "
+                            "as one matmul {t_mm}, but this row's repeats were unsteady "
+                            "(marked ~): which is faster could not be determined here.",
+        "attn_unknown": "this row's repeats were unsteady (marked ~), so which is faster could "
+                        "not be determined here.",
         "obs_training": "In training the whole sequence is known, so every position can be "
                         "computed at once: attention and the projections are a few large "
                         "matmuls that keep every core busy. An RNN cannot do that: h_t waits for "
@@ -208,19 +240,11 @@ def causal_attention(q, k, v):
     return attention_core(q, k, v, causal=True)
 
 
-def best_time(fn, repeats=REPEATS, warm_up=True):
-    """Best wall time of `repeats` calls after one warm-up call."""
-    if warm_up:
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+def prepare(n, d=D, seed=SEED):
+    """The inputs for one n, checked, and the three computations to time side by side.
 
-
-def measure(n, d=D, seed=SEED):
+    Returns ({name: zero-argument function}, facts about this n that are not times).
+    """
     rng = np.random.default_rng(seed + n)
     w_h, w_x = rnn_weights(d, seed)
     x = rng.normal(size=(n, d)).astype(DTYPE)
@@ -231,22 +255,41 @@ def measure(n, d=D, seed=SEED):
     w = np.vstack([w_h, w_x])  # [2d,d]
     same_err = float(np.abs(one_matmul(rows, w) - states).max())
     qkv = rng.normal(size=(3, 1, n, 1, d)).astype(DTYPE)  # [B=1, T=n, 1 head, D=d] each
-
-    t_loop = best_time(lambda: rnn_loop(x, w_h, w_x), warm_up=False)  # `states` warmed it up
-    t_mm = best_time(lambda: one_matmul(rows, w))
-    t_att = best_time(lambda: causal_attention(qkv[0], qkv[1], qkv[2]))
+    fns = {"loop": lambda: rnn_loop(x, w_h, w_x),
+           "matmul": lambda: one_matmul(rows, w),
+           "attention": lambda: causal_attention(qkv[0], qkv[1], qkv[2])}
     counts = flop_counts(n, d)
-    return {"n": n, "loop_s": t_loop, "matmul_s": t_mm, "attention_s": t_att,
-            "step_s": t_loop / n, "same_err": same_err,
-            "rnn_flops": counts["rnn"], "matmul_flops": matmul_flops(n, 2 * d, d),
-            "attention_flops": counts["causal_core"]}
+    facts = {"n": n, "same_err": same_err, "rnn_flops": counts["rnn"],
+             "matmul_flops": matmul_flops(n, 2 * d, d), "attention_flops": counts["causal_core"]}
+    return fns, facts
+
+
+def timing_row(facts, row):
+    """One line of the timing table: medians, and how steady the repeats were."""
+    figures = row["figures"]
+    return {**facts, "loop_s": figures["loop"]["median_s"],
+            "matmul_s": figures["matmul"]["median_s"],
+            "attention_s": figures["attention"]["median_s"],
+            "step_s": figures["loop"]["median_s"] / facts["n"],
+            "spreads": {name: f["spread"] for name, f in figures.items()},
+            "spread": row["spread"], "waited": row["waited"], "steady": row["steady"],
+            "attempts": row["attempts"], "remeasured_s": row["remeasured_s"]}
 
 
 def compute(quick=False):
     ns = QUICK_TIME_NS if quick else TIME_NS
+    before = matmul_peak(PEAK_N, repeats=3)
+    prepared = {n: prepare(n) for n in ns}
+    # The three computations of one n are compared with each other: timed side by side.
+    rows = time_rows({n: fns for n, (fns, _) in prepared.items()}, repeats=REPEATS, warmup=1,
+                     budget=QUICK_BUDGET_S if quick else BUDGET_S)
+    after = matmul_peak(PEAK_N, repeats=3)
     return {"d": D, "dtype": np.dtype(DTYPE).name, "repeats": REPEATS,
+            "budget_s": QUICK_BUDGET_S if quick else BUDGET_S,
             "flops": [flop_counts(n) for n in FLOP_NS],
-            "timings": [measure(n) for n in ns],
+            "timings": [timing_row(prepared[n][1], rows[n]) for n in ns],
+            "speed_check": {**speed_check(before["flops_per_s"], after["flops_per_s"],
+                                          "matmul peak"), "n": PEAK_N},
             "decode": decode_intensity(), "matmul_intensity": matmul_intensity(ns[-1])}
 
 
@@ -267,21 +310,49 @@ def _right(cells, header=""):
     return [c.rjust(width) for c in cells]
 
 
+def quoted_timing(result):
+    """The row the observations quote: the largest n measured steadily, else the largest n."""
+    steady = [m for m in result["timings"] if m["steady"]]
+    return (steady or result["timings"])[-1]
+
+
+def busy_sentence(result, lang):
+    """One sentence on how disturbed the measuring was, or None on a quiet machine."""
+    t = TEXT[lang]
+    unsteady = [m for m in result["timings"] if not m["steady"]]
+    sentences = []
+    if unsteady:
+        waits = [m["waited"] for m in unsteady if m["waited"] is not None]
+        wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
+                if waits and max(waits) > WAIT_LIMIT else "")
+        sentences.append(t["busy"].format(x=_spread(max(m["spread"] for m in unsteady)),
+                                          wait=wait))
+    speed = result["speed_check"]
+    if speed["changed"]:
+        sentences.append(t["speed_changed"].format(n=speed["n"], a=fmt_num(speed["before"]),
+                                                   b=fmt_num(speed["after"])))
+    return " ".join(sentences) or None
+
+
 def observations(result, lang):
     """The observation sentences, worded from the measured results."""
     t = TEXT[lang]
     d = result["d"]
+    busy = busy_sentence(result, lang)
+    items = [busy] if busy else []
     lo, hi = result["flops"][0], result["flops"][-1]
-    items = [t["obs_flops"].format(d=d, n_lo=lo["n"], n_hi=hi["n"],
-                                   r_lo=f"{lo['attention_core'] / lo['rnn']:g}",
-                                   r_hi=f"{hi['attention_core'] / hi['rnn']:g}")]
+    items.append(t["obs_flops"].format(d=d, n_lo=lo["n"], n_hi=hi["n"],
+                                       r_lo=f"{lo['attention_core'] / lo['rnn']:g}",
+                                       r_hi=f"{hi['attention_core'] / hi['rnn']:g}"))
 
-    m = result["timings"][-1]
+    m = quoted_timing(result)  # never an ordering read from an unsteady row
     common = dict(n=m["n"], t_loop=fmt_time(m["loop_s"]), t_step=fmt_time(m["step_s"]),
                   t_mm=fmt_time(m["matmul_s"]), g_loop=_gflops(m["rnn_flops"], m["loop_s"]),
                   g_mm=_gflops(m["matmul_flops"], m["matmul_s"]))
     slow = m["loop_s"] / m["matmul_s"]
-    if slow >= SIMILAR:
+    if not m["steady"]:
+        items.append(t["obs_loop_unknown"].format(**common))
+    elif slow >= SIMILAR:
         items.append(t["obs_loop_slower"].format(x=slow, **common))
     elif slow <= 1 / SIMILAR:
         items.append(t["obs_loop_faster"].format(x=1 / slow, **common))
@@ -291,7 +362,9 @@ def observations(result, lang):
     k = m["attention_flops"] / m["rnn_flops"]
     time_ratio = m["attention_s"] / m["loop_s"]
     per_flop = k / time_ratio  # how much faster attention ran per FLOP than the loop
-    if time_ratio <= 1 / SIMILAR:
+    if not m["steady"]:
+        tail = t["attn_unknown"]
+    elif time_ratio <= 1 / SIMILAR:
         tail = t["attn_faster"].format(x=1 / time_ratio)
     elif time_ratio < SIMILAR:
         tail = (t["attn_same_per_flop"].format(g=per_flop) if per_flop >= SIMILAR
@@ -303,12 +376,22 @@ def observations(result, lang):
     items.append(t["obs_attn"].format(n=m["n"], k=k, t_att=fmt_time(m["attention_s"]),
                                       t_loop=fmt_time(m["loop_s"])) + tail)
 
-    items.append(t["obs_training"].format(n=m["n"]))
+    n_max = result["timings"][-1]["n"]  # the intensity below is the largest n's
+    items.append(t["obs_training"].format(n=n_max))
     dec = result["decode"]
     items.append(t["obs_decode"].format(b=dec["itemsize"], kib=f"{dec['weight_bytes'] / 1024:g}",
                                         f=fmt_num(dec["flops"]).strip(), i=dec["flops_per_byte"],
-                                        i_mm=result["matmul_intensity"], n=m["n"]))
+                                        i_mm=result["matmul_intensity"], n=n_max))
     return items
+
+
+def _spread(x):
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _marked(m):
+    """The row's n, marked ~ when its repeats stayed unsteady."""
+    return f"{m['n']} ~" if not m["steady"] else str(m["n"])
 
 
 def render(result, lang="zh"):
@@ -329,21 +412,79 @@ def render(result, lang="zh"):
     print_section(t["timing"].format(d=d, r=result["repeats"]))
     print_text(t["timing_note"].format(), style="dim")
     tm = result["timings"]
-    heads = [t["n"], t["loop"], t["matmul"], t["attention"], t["loop_over_mm"], t["attn_over_loop"]]
+    heads = [t["n"], t["loop"], t["matmul"], t["attention"], t["loop_over_mm"], t["attn_over_loop"],
+             t["spread"]]
+    ns = _right([_marked(m) for m in tm], heads[0])
     cols = [_right([fmt_time(m[key]) for m in tm], h)
             for key, h in zip(("loop_s", "matmul_s", "attention_s"), heads[1:4])]
     cols += [_right([_ratio(m["loop_s"] / m["matmul_s"]) for m in tm], heads[4]),
-             _right([_ratio(m["attention_s"] / m["loop_s"]) for m in tm], heads[5])]
-    print_table(heads, [[m["n"]] + [c[i] for c in cols] for i, m in enumerate(tm)])
+             _right([_ratio(m["attention_s"] / m["loop_s"]) for m in tm], heads[5]),
+             _right([_spread(m["spread"]) + "×" for m in tm], heads[6])]
+    print_table(heads, [[ns[i]] + [c[i] for c in cols] for i in range(len(tm))])
+    unsteady = [m for m in tm if not m["steady"]]
+    if unsteady:
+        spent = sum(m["remeasured_s"] for m in tm)
+        head = (t["unsteady_after"].format(s=fmt_time(spent)) if spent > 0
+                else t["unsteady_no_time"].format(b=fmt_time(result["budget_s"])))
+        print_text(head + t["unsteady_why"].format(lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"),
+                   style="dim")
     heads = heads[:4]
     rates = [_right([_gflops(m[f], m[s]) for m in tm], h)
              for (f, s), h in zip((("rnn_flops", "loop_s"), ("matmul_flops", "matmul_s"),
                                    ("attention_flops", "attention_s")), heads[1:])]
-    print_table(heads, [[m["n"]] + [c[i] for c in rates] for i, m in enumerate(tm)],
+    print_table(heads, [[ns[i]] + [c[i] for c in rates] for i in range(len(tm))],
                 title=t["rates"])
     print_text(t["same_check"].format(err=f"{max(m['same_err'] for m in tm):.1e}"))
 
     print_observations(observations(result, lang))
+
+
+FIG_TEXT = {
+    "zh": {"title": "FLOPs 与实测用时（d = {d}）", "n": "序列长度 n", "flops": "FLOPs",
+           "time": "实测用时", "rnn": "RNN 4nd²", "core": "注意力核心 4n²d",
+           "loop": "RNN 逐步循环", "matmul": "同样的 FLOPs，一次矩阵乘",
+           "attention": "因果注意力", "crossover": "n = d = {d}",
+           "flops_title": "计算量：n > d 后注意力更多",
+           "time_title": "用时：这台机器上实测（{r} 次取最好）"},
+    "en": {"title": "FLOPs and measured time (d = {d})", "n": "sequence length n",
+           "flops": "FLOPs", "time": "measured time", "rnn": "RNN 4nd²",
+           "core": "attention core 4n²d", "loop": "RNN, step by step",
+           "matmul": "same FLOPs, one matmul", "attention": "causal attention",
+           "crossover": "n = d = {d}", "flops_title": "Work: attention does more once n > d",
+           "time_title": "Time measured on this machine (best of {r})"},
+}
+
+
+def figures(result, lang="zh"):
+    """FLOPs and measured time against n, log-log, the FLOP crossover n = d marked on both."""
+    from _figures import label_axis, mark_x, new_figure, set_ticks
+    t = FIG_TEXT[lang]
+    d = result["d"]
+    fig, (ax_f, ax_t) = new_figure(ncols=2, size=(11, 4.8))
+    fl = result["flops"]
+    ns = [r["n"] for r in fl]
+    ax_f.plot(ns, [r["rnn"] for r in fl], "o-", label=t["rnn"], gid="rnn")
+    ax_f.plot(ns, [r["attention_core"] for r in fl], "s-", label=t["core"], gid="attention_core")
+    ax_f.set_ylabel(t["flops"])
+    ax_f.set_title(t["flops_title"])
+    tm = result["timings"]
+    ns_t = [m["n"] for m in tm]
+    for key, marker, name in (("loop_s", "o-", "loop"), ("matmul_s", "^-", "matmul"),
+                              ("attention_s", "s-", "attention")):
+        ax_t.plot(ns_t, [m[key] for m in tm], marker, label=t[name], gid=key)
+    ax_t.set_ylabel(t["time"])
+    ax_t.set_title(t["time_title"].format(r=result["repeats"]))
+    for ax in (ax_f, ax_t):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        set_ticks(ax, ns + ns_t)  # both panels over the same n, so they line up
+        ax.set_xlabel(t["n"])
+        mark_x(ax, d, t["crossover"].format(d=d))
+        ax.legend()
+    label_axis(ax_f.yaxis, "count", subs=(1.0,))  # four decades: one label each
+    label_axis(ax_t.yaxis, "seconds")
+    fig.suptitle(t["title"].format(d=d))
+    return {"flops_time": fig}
 
 
 if __name__ == "__main__":

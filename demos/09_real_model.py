@@ -3,8 +3,8 @@
 
 Three looks at a trained model through transformer_lab's own functions:
 1. previous-token heads: every head scored by its mean attention weight on
-   token t−1, found by walking the layers one by one (and checking that the
-   walk reproduces forward()'s logits);
+   token t−1, read from forward()'s activation record (and checking that
+   recording changes nothing in the logits);
 2. the KV cache changes nothing: cached decode against the full forward pass;
 3. decode is memory-bound: measured tokens/s against the bound from memory
    bandwidth and the bound from arithmetic, GQA's smaller cache, and what
@@ -22,15 +22,15 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_num, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import (KVCache, apply_rope, attention_weights, find_model, forward, generate,
-                             load_gguf, rope_angles)
+from transformer_lab import KVCache, find_model, forward, generate, load_gguf
 from transformer_lab.chat import chat_prompt
 from transformer_lab.gguf_loader import MODEL_INSTALL_COMMAND
-from transformer_lab.measure import (matmul_peak, param_bytes, read_bandwidth, time_call,
-                                     time_side_by_side)
-from transformer_lab.model import block, embed, lm_head, norm
+from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
+                                     read_bandwidth, speed_check, time_rows, timed)
 
 NUMBER = 9
+# For a model file that is installed but does not load (a cut-off download, a damaged disk).
+REINSTALL_COMMAND = MODEL_INSTALL_COMMAND.replace("pip install", "pip install --force-reinstall", 1)
 
 # 1. previous-token heads
 PARAGRAPH = (
@@ -62,13 +62,286 @@ NEW_TOKENS, QUICK_NEW_TOKENS = 8, 4
 BATCHES = (1, 4, 8)
 PREFILL = 16  # tokens in each sequence before the timed decode steps
 STEPS, QUICK_STEPS = 16, 6  # timed decode steps per batch size (median per step)
+PREFILL_REPEATS = 3  # the paragraph's forward pass, timed as a prefill: median of 3
 PEAK_N, QUICK_PEAK_N = 2048, 1024
+CHECK_REPEATS = 2  # the quick second measurement of bandwidth and peak, before the timing
+# Seconds that re-measuring unsteady rows may take: one round of decode steps alone takes
+# about 1.3 s (--quick) or 3 s on a quiet machine.
+BUDGET_S, QUICK_BUDGET_S = 4.0, 2.0
 SIMILAR = 1.1  # two rates within 10% of each other are "about the same"
 
 TITLE = {"zh": "显微镜下的真实模型：SmolLM2-135M", "en": "A real model under the microscope: SmolLM2-135M"}
+
+
+# ---------------------------------------------------------------- the model, loaded once
+
+_MODEL = {}  # the loaded model, kept for the life of the process (tests and run_all reuse it)
+
+
+def load_model():
+    """(path, cfg, params, tokenizer, load seconds), loading on the first call only."""
+    if "model" not in _MODEL:
+        path = _MODEL["path"] = find_model()  # kept to name the file if it does not load
+        model, seconds = timed(lambda: load_gguf(path))  # once: loading twice proves nothing
+        _MODEL["model"] = (path, *model, seconds)
+    return _MODEL["model"]
+
+
+# ---------------------------------------------------------------- 1. previous-token heads
+
+def previous_token_scores(params, cfg, tokens, window=WINDOW):
+    """Per head, the mean attention weight on t−1, from forward()'s activation record.
+
+    Returns (scores [L, H], every head's weights among the first `window` tokens
+    [L, H, W, W], logits [1, T, V]).
+    """
+    acts = {"patterns": True}  # ask forward to keep the attention weights too
+    logits = forward(params, cfg, tokens, acts=acts)
+    weights = np.stack([acts[f"blocks[{i}].attn.pattern"][0]
+                        for i in range(cfg.n_layers)])  # [L, H, T, T]
+    scores = np.diagonal(weights, offset=-1, axis1=2, axis2=3).mean(axis=-1)  # [L, H]
+    return scores, weights[:, :, :window, :window], logits
+
+
+def token_label(tokenizer, token_id):
+    """A short heatmap label: the token's text without its leading space."""
+    text = tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
+    return text.strip() or text.replace(" ", "·").replace("\n", "↵")
+
+
+def heads_part(params, cfg, tokenizer, quick):
+    ids = tokenizer.encode(PARAGRAPH)
+    if quick:
+        ids = ids[:QUICK_TOKENS]
+    tokens = np.array([ids])
+    T = tokens.shape[1]
+    scores, weights, recorded = previous_token_scores(params, cfg, tokens)
+    logits = forward(params, cfg, tokens)  # recording must change nothing
+    order = np.argsort(scores, axis=None)[::-1]  # best first
+    top = [{"layer": int(i // cfg.n_heads), "head": int(i % cfg.n_heads),
+            "score": float(scores.flat[i])}
+           for i in order[:TOP]]
+    best = top[0]
+    w = weights[best["layer"], best["head"]]  # [12, 12]: the first tokens, so rows are complete
+    rows = np.arange(2, WINDOW)
+    prev = float(w[rows, rows - 1].mean())
+    first = float(w[rows, 0].mean())
+    return {
+        "n_tokens": T, "scores": scores, "top": top, "median": float(np.median(scores)),
+        "above_half": int((scores > 0.5).sum()),
+        # An even spread over the t + 1 visible tokens puts 1/(t + 1) on t−1.
+        "uniform": float(np.mean(1.0 / (np.arange(1, T) + 1))),
+        "record_max_diff": float(np.abs(recorded - logits).max()),
+        "window": {"labels": [token_label(tokenizer, i) for i in ids[:WINDOW]],
+                   "weights": w, "prev_mean": prev, "first_mean": first,
+                   "rest_mean": 1.0 - prev - first},
+    }
+
+
+# ---------------------------------------------------------------- 2. KV-cache invariance
+
+def kv_part(params, cfg, tokenizer, quick):
+    n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
+    prompt = np.array([tokenizer.encode(chat_prompt([], QUESTION))])  # [1, T0]
+    T0 = prompt.shape[1]
+    cached = generate(params, cfg, prompt, n, greedy=True, use_cache=True)
+    uncached = generate(params, cfg, prompt, n, greedy=True, use_cache=False)
+    differ = np.nonzero(cached[0, T0:] != uncached[0, T0:])[0]
+
+    # The logits of each cached decode step against the full forward pass at that position.
+    seq = cached[:, :-1]  # the last new token is never fed back
+    full = forward(params, cfg, seq)  # [1, T0 + n - 1, V]
+    cache = KVCache(cfg, 1, seq.shape[1])
+    forward(params, cfg, prompt, cache=cache)
+    steps = [forward(params, cfg, seq[:, t:t + 1], cache=cache)[0, 0]  # token-by-token decode
+             for t in range(T0, seq.shape[1])]
+    diff = float(np.abs(np.array(steps) - full[0, T0:]).max()) if steps else 0.0
+    return {
+        "question": QUESTION, "prompt_tokens": T0, "new_tokens": n,
+        "tokens_cached": cached[0, T0:], "tokens_uncached": uncached[0, T0:],
+        "text_cached": tokenizer.decode(cached[0, T0:]),
+        "text_uncached": tokenizer.decode(uncached[0, T0:]),
+        "same": not differ.size, "first_difference": int(differ[0]) + 1 if differ.size else None,
+        "decode_steps": len(steps), "max_logit_diff": diff,
+        "max_abs_logit": float(np.abs(full).max()),
+    }
+
+
+# ---------------------------------------------------------------- 3. decode speed
+
+def matmul_weight_elements(params, cfg):
+    """Elements of every weight matrix a decode step multiplies by: blocks plus the head."""
+    blocks = sum(w.size for p in params["blocks"] for group in ("attn", "mlp")
+                 for w in p[group].values() if w.ndim == 2)
+    head = params["tok_emb"].size if cfg.tie_embeddings else params["lm_head"]["w"].size
+    return int(blocks + head)
+
+
+def attention_flops(cfg, context):
+    """q·k over `context` keys and weights·v: 4·S·D per query head per layer."""
+    return int(round(4 * context * cfg.head_dim * cfg.n_heads * cfg.n_layers))
+
+
+class Decoder:
+    """B sequences in one KVCache, advanced by one greedy token per step() call.
+
+    The cache holds the prefill and `room` more tokens. When it is full, step()
+    rewinds to the end of the prefill, so every round of timed steps sees the
+    same contexts however often the steps are re-measured.
+    """
+
+    def __init__(self, params, cfg, tokens, room):
+        self.params, self.cfg = params, cfg
+        self.prefill = tokens.shape[1]
+        self.cache = KVCache(cfg, tokens.shape[0], self.prefill + room)
+        logits = forward(params, cfg, tokens, cache=self.cache)[:, -1]  # [B, V]
+        self.next = np.argmax(logits, axis=-1)  # [B]
+
+    def step(self):
+        if self.cache.length == self.cache.max_len:
+            self.cache.length = self.prefill
+        logits = forward(self.params, self.cfg, self.next[:, None], cache=self.cache)[:, -1]
+        self.next = np.argmax(logits, axis=-1)
+
+
+def row_facts(row):
+    """How steady a row of timings was, for the JSON and the ~ marks."""
+    return {key: row[key] for key in ("steady", "spread", "waited", "attempts", "remeasured_s")}
+
+
+def decode_part(params, cfg, tokenizer, quick, budget):
+    steps = QUICK_STEPS if quick else STEPS
+    peak_n = QUICK_PEAK_N if quick else PEAK_N
+    ids = tokenizer.encode(PARAGRAPH)
+    # The quick second measurement of the machine's speed, before the timing; the main one
+    # comes after it. A change in between means the machine's speed changed mid-demo.
+    bandwidth_check = read_bandwidth(repeats=CHECK_REPEATS)
+    peak_check = matmul_peak(peak_n, repeats=CHECK_REPEATS)
+
+    decoders = {}
+    for B in BATCHES:
+        # B different sequences: windows of the paragraph, 4 tokens apart.
+        rows = np.stack([ids[4 * b:4 * b + PREFILL] for b in range(B)])  # [B, PREFILL]
+        decoders[B] = Decoder(params, cfg, rows, room=1 + steps)  # a warm-up step, the timed ones
+    # Round-robin, so that drift in the machine's speed hits every batch size alike.
+    decode = time_rows({"decode": {B: d.step for B, d in decoders.items()}}, repeats=steps,
+                       warmup=1, budget=budget)["decode"]
+    batches = [{"batch": B, "median_s": f["median_s"], "best_s": f["best_s"],
+                "spread": f["spread"], "tokens_per_s": B / f["median_s"]}
+               for B, f in decode["figures"].items()]
+    # The paragraph's forward pass (run above for the heads, so warm), timed as a prefill.
+    paragraph = np.array([ids[:QUICK_TOKENS] if quick else ids])  # [1, T]
+    prefill = time_rows({"prefill": {"forward": lambda: forward(params, cfg, paragraph)}},
+                        repeats=PREFILL_REPEATS, warmup=0, budget=budget)["prefill"]
+    T, pre = paragraph.shape[1], prefill["figures"]["forward"]
+
+    bandwidth = read_bandwidth()  # 512 MiB: larger than any cache here
+    peak = matmul_peak(peak_n)
+    weight_bytes = param_bytes(params)
+    elements = matmul_weight_elements(params, cfg)
+    context = PREFILL + 1 + (steps + 1) / 2  # mean number of keys over the timed steps
+    attn = attention_flops(cfg, context)
+    flops = 2 * elements + attn
+    gqa = KVCache(cfg, 1, 1).bytes_per_token()
+    mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, 1).bytes_per_token()
+    return {
+        "prefill_tokens": PREFILL, "steps": steps, "context": context, "batches": batches,
+        "timing": row_facts(decode), "budget_s": budget.seconds,
+        "prefill": {"tokens": T, "seconds": pre["median_s"], "tokens_per_s": T / pre["median_s"],
+                    **row_facts(prefill)},
+        "weight_bytes": weight_bytes, "bandwidth": bandwidth["bytes_per_s"],
+        "bandwidth_bytes": bandwidth["bytes"], "bandwidth_steady": bandwidth["steady"],
+        "peak_flops": peak["flops_per_s"], "peak_n": peak["n"], "peak_steady": peak["steady"],
+        "speed_checks": [speed_check(bandwidth_check["bytes_per_s"], bandwidth["bytes_per_s"],
+                                     "bandwidth"),
+                         speed_check(peak_check["flops_per_s"], peak["flops_per_s"],
+                                     "matmul peak")],
+        "matmul_elements": elements, "attention_flops": attn,
+        "flops_per_token": flops,
+        "memory_bound_s": weight_bytes / bandwidth["bytes_per_s"],
+        "compute_bound_s": flops / peak["flops_per_s"],
+        "kv_bytes_per_token": gqa, "kv_bytes_per_token_mha": mha, "max_seq": cfg.max_seq,
+    }
+
+
+# ---------------------------------------------------------------- verdicts
+
+def _by_batch(decode, B):
+    return next(b for b in decode["batches"] if b["batch"] == B)
+
+
+def verdicts(heads, decode):
+    """What the observations may claim, decided from the results; None: not determined here.
+
+    An ordering is read only from steady timings: the decode steps for the bound and
+    the batch gain, and also a steady bandwidth and peak, unchanged since the check
+    before the timing, for the bounds.
+    """
+    win = heads["window"]
+    out = {"heatmap": "first" if win["first_mean"] > win["rest_mean"] else "rest",
+           "bound": None, "floor": None, "batch_gain": None, "batch_step": None,
+           "prefill": None}
+    one, big = _by_batch(decode, 1), _by_batch(decode, BATCHES[-1])
+    machine = (decode["bandwidth_steady"] and decode["peak_steady"]
+               and not any(c["changed"] for c in decode["speed_checks"]))
+    if decode["timing"]["steady"] and machine:
+        mem_ratio = one["median_s"] / decode["memory_bound_s"]
+        comp_ratio = one["median_s"] / decode["compute_bound_s"]
+        # Nearer on a log scale: how many times off each bound is.
+        out["bound"] = "memory" if abs(np.log(mem_ratio)) <= abs(np.log(comp_ratio)) else "compute"
+        out["floor"] = "above" if mem_ratio >= 1 else "below"
+    if decode["timing"]["steady"]:
+        gain = big["tokens_per_s"] / one["tokens_per_s"]
+        out["batch_gain"] = ("more" if gain >= SIMILAR else "same" if gain > 1 / SIMILAR
+                             else "fewer")
+        # The batch's FLOPs at the measured peak: all the time arithmetic could explain.
+        arithmetic = big["batch"] * decode["flops_per_token"] / decode["peak_flops"]
+        if big["median_s"] / one["median_s"] < SIMILAR:
+            out["batch_step"] = "flat"
+        elif machine:
+            out["batch_step"] = ("blas" if big["median_s"] - one["median_s"] > arithmetic
+                                 else "flops")
+        if decode["prefill"]["steady"]:
+            faster = decode["prefill"]["tokens_per_s"] / one["tokens_per_s"]
+            out["prefill"] = "faster" if faster >= SIMILAR else "not_faster"
+    return out
+
+
+# ---------------------------------------------------------------- compute
+
+def compute(quick=False):
+    try:
+        path, cfg, params, tokenizer, load_s = load_model()
+    except (ImportError, FileNotFoundError) as exc:  # no gguf package, no model file
+        return {"available": False, "reason": str(exc), "install": MODEL_INSTALL_COMMAND}
+    except (OSError, ValueError) as exc:  # the file is there but does not load
+        return {"available": False, "reason": str(exc), "corrupt_file": str(_MODEL.get("path")),
+                "install": REINSTALL_COMMAND}
+    budget = Budget(QUICK_BUDGET_S if quick else BUDGET_S)
+    heads = heads_part(params, cfg, tokenizer, quick)
+    kv = kv_part(params, cfg, tokenizer, quick)
+    decode = decode_part(params, cfg, tokenizer, quick, budget)
+    return {
+        "available": True,
+        "model": {"file": path.name, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
+                  "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+                  "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "vocab": cfg.vocab,
+                  "max_seq": cfg.max_seq, "n_params": param_bytes(params) // cfg.dtype.itemsize,
+                  "param_bytes": param_bytes(params), "dtype": cfg.dtype.name,
+                  "itemsize": cfg.dtype.itemsize},
+        "load_s": load_s, "heads": heads, "kv": kv, "decode": decode,
+        "verdicts": verdicts(heads, decode),
+    }
+
+
+# ---------------------------------------------------------------- text (zh and en)
+
 TEXT = {
     "zh": {
         "missing": "这个演示需要真实模型 SmolLM2-135M-Instruct，但它还没有安装。安装命令：",
+        "corrupt": "这个演示需要真实模型 SmolLM2-135M-Instruct。它的文件已经安装，却读不出来，"
+                   "文件已损坏或不完整：",
+        "reinstall": "重新安装命令：",
         "missing_reason": "原因：{reason}",
         "missing_after": "装好后重新运行本演示即可；其他演示不受影响。",
         "setup": "{file}：{L} 层，d = {d}，{H} 个查询头、{G} 个 K/V 头（每头 {D} 维），"
@@ -81,8 +354,8 @@ TEXT = {
         "rank": "名次", "layer": "层", "head": "头", "score": "t−1 上的权重",
         "prev_summary": "全部 {n} 个头的中位数：{med}；若一个头把权重平均分给所有看得见的 token，"
                         "得分只有 {uni}。",
-        "walk_check": "逐层自己走一遍（embed → 每层 norm、q、k、RoPE、attention_weights，"
-                      "再调用 block）得到的 logits 与 forward() 的最大差：{diff}",
+        "walk_check": "权重取自 forward() 的激活记录（acts，打开 patterns）；记录时的 logits "
+                      "与普通 forward() 的最大差：{diff}",
         "heat_title": "第 {l} 层第 {h} 个头，前 {n} 个 token（行：查询，列：键）",
         "kv": "2. KV 缓存：缓存解码对比完整前向",
         "kv_setup": "聊天格式的问题“{q}”（{T} 个 token），贪心生成 {n} 个 token。",
@@ -104,7 +377,20 @@ TEXT = {
                      "4·S·D，S = 平均上下文 {S}，共 {a} FLOPs。",
         "batch_title": "B 个序列一起解码，用一个 batch 为 B 的 KVCache；最后一行是第 1 部分"
                        "那段短文的前向，当作一次预填来计时：",
-        "batch": "B", "step": "每步用时", "vs_one": "是 B=1 的",
+        "batch": "B", "step": "每步用时", "vs_one": "是 B=1 的", "spread": "波动",
+        "unsteady_after": "~ 重测 {s} 后仍不稳定",
+        "unsteady_no_time": "~ 不稳定（再测一次会超出 {b} 的重测时间预算）",
+        "unsteady_plain": "~ 不稳定",
+        "unsteady_why": "：重复测量的最慢÷最快超过 {lim}，或者本演示的线程等 CPU 的时间"
+                        "超过测量时间的 {w}；或者带宽、峰值本身不稳定，或与计时前的快速测量"
+                        "相差太多。标 ~ 的数字比较出来的顺序可能不成立。",
+        "busy": "测量时机器很忙：重复测量的结果相差最多 {x} 倍{wait}；标 ~ 的数字，"
+                "比较出来的顺序可能不成立，下面不据此下结论。",
+        "busy_wait": "，本演示的线程等 CPU 的时间是测量时间的 {w}（各线程相加）",
+        "speed_changed_bandwidth": "机器的速度在演示中途变了：内存带宽在计时前测得 {a}，"
+                                   "计时后测得 {b}。",
+        "speed_changed_peak": "机器的速度在演示中途变了：矩阵乘峰值在计时前测得 {a}，"
+                              "计时后测得 {b}。",
         "prefill_row": "预填 {T} 个 token",
         "kv_title": "每个 token 的上下文占多少 KV 缓存：float32，{L} 层 × (K 和 V) × "
                     "K/V 头数 × {D} 维：",
@@ -114,8 +400,8 @@ TEXT = {
                     "{s} 的权重放在 t−1 上，{n} 个头里有 {k} 个超过一半。中位数只有 {med}，"
                     "而把权重平均分配的头得分为 {uni}。演示 05 (d) 里我们只用 RoPE 手工搭出了这样的头；"
                     "这里是训练自己找到的真实版本。",
-        "obs_walk": "我们自己逐层走的结果与 forward() 的 logits 最大差 {diff}："
-                    "热力图里的权重就是模型前向时真正用的那些。",
+        "obs_walk": "热力图里的权重是 forward() 自己在前向时记下的（acts），记录时的 logits "
+                    "与普通 forward() 最多差 {diff}：这些权重就是模型前向时真正用的那些。",
         "obs_heat_first": "热力图里最亮的格子紧贴在对角线下方：每个 token 看它前一个 token。"
                           "从 t = 2 起，t−1 平均得到 {prev}；剩下的权重主要落在第一个 token"
                           "（“{first_tok}”，平均 {first}），其余位置合计只有 {rest}。",
@@ -157,13 +443,28 @@ TEXT = {
                            "而是 NumPy 的 BLAS 算几行的矩阵乘时远不如算一行高效。",
         "batch_step_flops": "不过它每步用时是 batch 1 的 {s} 倍，所以收益不到 {B} 倍：{B} 倍的 "
                             "FLOPs 按峰值要 {tc8}，算术已经不能忽略了。",
-        "obs_prefill": "预填也是同一个道理：一次前向处理 {T} 个 token，达到 {p} token/s，"
+        "obs_bound_unknown": "batch 1 时解码一个 token 实测 {t}（{r} token/s），内存下界 {tm}，"
+                             "算力下界 {tc}。但这些测量不稳定（标 ~），这里无法判断实测离哪个"
+                             "下界更近。每个 {isz} 字节的权重只做 2 次 FLOP（{i} FLOP/字节），"
+                             "而这台机器每读 1 字节能算 {bal} 次。",
+        "obs_batch_unknown": "batch {B} 的 token/s 是 {rB}，batch 1 是 {r1}；但这些测量不稳定"
+                             "（标 ~），这里无法判断一起解码带来了多少好处。",
+        "obs_prefill_unknown": "一次前向处理 {T} 个 token（预填）达到 {p} token/s，batch 1 "
+                               "解码是 {r1} token/s；但这些测量不稳定（标 ~），这里无法判断"
+                               "预填快了多少。",
+        "obs_prefill_not_faster": "一次前向处理 {T} 个 token（预填）只达到 {p} token/s，"
+                                  "是 batch 1 解码的 {x} 倍：这台机器上一次处理多个位置没有"
+                                  "带来好处。",
+        "obs_prefill_faster": "预填也是同一个道理：一次前向处理 {T} 个 token，达到 {p} token/s，"
                        "是 batch 1 解码的 {x} 倍，因为读一遍权重就服务了所有 {T} 个位置。"
                        "所以推理服务总是把很多请求拼成一批来解码。",
     },
     "en": {
         "missing": "This demo needs the real model SmolLM2-135M-Instruct, which is not "
                    "installed. Install it with:",
+        "corrupt": "This demo needs the real model SmolLM2-135M-Instruct. Its file is "
+                   "installed but does not load, so it is corrupt or incomplete:",
+        "reinstall": "Reinstall it with:",
         "missing_reason": "Reason: {reason}",
         "missing_after": "Then run this demo again; the other demos do not need it.",
         "setup": "{file}: {L} layers, d = {d}, {H} query heads and {G} K/V heads of {D} "
@@ -177,9 +478,9 @@ TEXT = {
         "rank": "rank", "layer": "layer", "head": "head", "score": "weight on t−1",
         "prev_summary": "Median over all {n} heads: {med}. A head spreading its weight evenly "
                         "over the visible tokens would score {uni}.",
-        "walk_check": "Our layer-by-layer walk (embed, then per layer norm, q, k, RoPE, "
-                      "attention_weights, and block) against forward()'s logits: largest "
-                      "difference {diff}",
+        "walk_check": "The weights come from forward()'s activation record (acts with "
+                      "patterns); its logits against a plain forward(): largest difference "
+                      "{diff}",
         "heat_title": "Layer {l}, head {h}, first {n} tokens (rows: query, columns: key)",
         "kv": "2. The KV cache: cached decode against the full forward pass",
         "kv_setup": "The chat-formatted question \"{q}\" ({T} tokens), {n} tokens greedy.",
@@ -203,7 +504,25 @@ TEXT = {
                      "head per layer at the mean context S = {S}, {a} FLOPs.",
         "batch_title": "B sequences decoded together, one KVCache of batch B; the last "
                        "row is the paragraph's forward pass above, timed as a prefill:",
-        "batch": "B", "step": "per step", "vs_one": "× B=1",
+        "batch": "B", "step": "per step", "vs_one": "× B=1", "spread": "spread",
+        "unsteady_after": "~ still unsteady after {s} of re-measuring",
+        "unsteady_no_time": "~ unsteady (one more measurement would not have fitted in the {b} "
+                            "re-measuring budget)",
+        "unsteady_plain": "~ unsteady",
+        "unsteady_why": ": repeats disagreed by more than {lim} (slowest ÷ fastest) or this "
+                        "demo's threads waited for a CPU for more than {w} of the measured "
+                        "time; for the bounds, the bandwidth or peak was unsteady or moved "
+                        "since the quick check before the timing. Orderings read from "
+                        "figures marked ~ may not hold.",
+        "busy": "The machine was busy while measuring: repeats varied by up to {x}×{wait}; "
+                "orderings from figures marked ~ may not hold, and none is read from them "
+                "below.",
+        "busy_wait": ", and this demo's threads waited for a CPU for {w} of the measured "
+                     "time (summed over threads)",
+        "speed_changed_bandwidth": "The machine's speed changed mid-demo: memory bandwidth "
+                                   "was {a} before the timing and {b} after it.",
+        "speed_changed_peak": "The machine's speed changed mid-demo: the matmul peak was {a} "
+                              "before the timing and {b} after it.",
         "prefill_row": "prefill {T} tok",
         "kv_title": "KV cache per token of context: float32, {L} layers × (K and V) × "
                     "K/V heads × {D} dims:",
@@ -216,9 +535,9 @@ TEXT = {
                     "spread head would give {uni}. These are the real counterparts of the "
                     "head we built by hand from RoPE alone in demo 05(d): here training "
                     "found them by itself.",
-        "obs_walk": "Our own layer-by-layer walk reproduces forward()'s logits (largest "
-                    "difference {diff}), so the weights in the heatmap are exactly the ones "
-                    "the model uses.",
+        "obs_walk": "The heatmap's weights were recorded by forward() itself (acts), and "
+                    "recording left the logits as a plain forward() gives them (largest "
+                    "difference {diff}), so they are exactly the weights the model uses.",
         "obs_heat_first": "In the heatmap the bright cells sit just below the diagonal: each "
                           "token looks at the one before it. From t = 2 on, t−1 gets {prev} "
                           "on average; most of the rest goes to the first token "
@@ -275,204 +594,28 @@ TEXT = {
         "batch_step_flops": " But its step took {s}× as long as batch 1's, so the gain is less "
                             "than {B}×: {B}× the FLOPs take {tc8} even at the peak, so the "
                             "arithmetic is no longer negligible.",
-        "obs_prefill": "Prefill is the same effect: one forward pass over {T} tokens ran at "
+        "obs_bound_unknown": "At batch 1 a decoded token took {t} ({r} tokens/s), against a "
+                             "memory bound of {tm} and a compute bound of {tc}; these "
+                             "measurements were unsteady (marked ~), so which bound is nearer "
+                             "could not be determined here. Each {isz}-byte weight is read for "
+                             "just 2 FLOPs ({i} FLOP/byte), while this machine can do {bal} "
+                             "FLOPs per byte it reads.",
+        "obs_batch_unknown": "Batch {B} gave {rB} tokens/s against {r1} at batch 1, but these "
+                             "repeats were unsteady (marked ~): what batching gained could "
+                             "not be determined here.",
+        "obs_prefill_unknown": "One forward pass over {T} tokens (a prefill) ran at {p} "
+                               "tokens/s against {r1} for batch-1 decode, but the repeats were "
+                               "unsteady (marked ~): how much faster it is could not be "
+                               "determined here.",
+        "obs_prefill_not_faster": "One forward pass over {T} tokens (a prefill) ran at only {p} "
+                                  "tokens/s, {x}× batch-1 decode: on this machine handling "
+                                  "many positions at once did not pay.",
+        "obs_prefill_faster": "Prefill is the same effect: one forward pass over {T} tokens ran at "
                        "{p} tokens/s, {x}× batch-1 decode, because one read of the weights "
                        "serves all {T} positions. That is why inference servers batch many "
                        "requests into every decode step.",
     },
 }
-
-
-# ---------------------------------------------------------------- the model, loaded once
-
-_MODEL = {}  # the loaded model, kept for the life of the process (tests and run_all reuse it)
-
-
-def load_model():
-    """(path, cfg, params, tokenizer, load seconds), loading on the first call only."""
-    if "model" not in _MODEL:
-        path = find_model()
-        out = {}
-        timing = time_call(lambda: out.update(model=load_gguf(path)), repeats=1, warmup=0)
-        _MODEL["model"] = (path, *out["model"], timing["best_s"])
-    return _MODEL["model"]
-
-
-# ---------------------------------------------------------------- 1. previous-token heads
-
-def previous_token_scores(params, cfg, tokens, window=WINDOW):
-    """Walk the layers with the model's own functions; per head, the mean weight on t−1.
-
-    Returns (scores [L, H], every head's weights among the first `window` tokens
-    [L, H, W, W], logits [1, T, V]).
-    """
-    B, T = tokens.shape
-    H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    rope = rope_angles(np.arange(T), D, cfg.rope_base)
-    x = embed(params, cfg, tokens)  # [1, T, d]
-    scores, weights = [], []
-    for p in params["blocks"]:
-        h = norm(x, p["attn_norm"], cfg)
-        q = apply_rope((h @ p["attn"]["wq"]).reshape(B, T, H, D), *rope)  # [1, T, H, D]
-        k = apply_rope((h @ p["attn"]["wk"]).reshape(B, T, G, D), *rope)  # [1, T, G, D]
-        w = attention_weights(q, k)[0]  # [H, T, T]
-        scores.append(np.diagonal(w, offset=-1, axis1=1, axis2=2).mean(axis=-1))  # [H]
-        weights.append(w[:, :window, :window])
-        x = block(x, p, cfg, rope=rope)
-    logits = lm_head(norm(x, params["final_norm"], cfg), params, cfg)
-    return np.array(scores), np.array(weights), logits
-
-
-def token_label(tokenizer, token_id):
-    """A short heatmap label: the token's text without its leading space."""
-    text = tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
-    return text.strip() or text.replace(" ", "·").replace("\n", "↵")
-
-
-def heads_part(params, cfg, tokenizer, quick):
-    ids = tokenizer.encode(PARAGRAPH)
-    if quick:
-        ids = ids[:QUICK_TOKENS]
-    tokens = np.array([ids])
-    T = tokens.shape[1]
-    scores, weights, walked = previous_token_scores(params, cfg, tokens)
-    out = {}  # forward() on the same tokens: the check on the walk, timed as a prefill
-    prefill = time_call(lambda: out.update(logits=forward(params, cfg, tokens)), repeats=1,
-                        warmup=0)
-    order = np.argsort(scores, axis=None)[::-1]  # best first
-    top = [{"layer": int(i // cfg.n_heads), "head": int(i % cfg.n_heads),
-            "score": float(scores.flat[i])}
-           for i in order[:TOP]]
-    best = top[0]
-    w = weights[best["layer"], best["head"]]  # [12, 12]: the first tokens, so rows are complete
-    rows = np.arange(2, WINDOW)
-    prev = float(w[rows, rows - 1].mean())
-    first = float(w[rows, 0].mean())
-    return {
-        "n_tokens": T, "scores": scores, "top": top, "median": float(np.median(scores)),
-        "above_half": int((scores > 0.5).sum()),
-        # An even spread over the t + 1 visible tokens puts 1/(t + 1) on t−1.
-        "uniform": float(np.mean(1.0 / (np.arange(1, T) + 1))),
-        "walk_max_diff": float(np.abs(walked - out["logits"]).max()),
-        "window": {"labels": [token_label(tokenizer, i) for i in ids[:WINDOW]],
-                   "weights": w, "prev_mean": prev, "first_mean": first,
-                   "rest_mean": 1.0 - prev - first},
-        "prefill": {"tokens": T, "seconds": prefill["best_s"],
-                    "tokens_per_s": T / prefill["best_s"]},
-    }
-
-
-# ---------------------------------------------------------------- 2. KV-cache invariance
-
-def kv_part(params, cfg, tokenizer, quick):
-    n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
-    prompt = np.array([tokenizer.encode(chat_prompt([], QUESTION))])  # [1, T0]
-    T0 = prompt.shape[1]
-    cached = generate(params, cfg, prompt, n, greedy=True, use_cache=True)
-    uncached = generate(params, cfg, prompt, n, greedy=True, use_cache=False)
-    differ = np.nonzero(cached[0, T0:] != uncached[0, T0:])[0]
-
-    # The logits of each cached decode step against the full forward pass at that position.
-    seq = cached[:, :-1]  # the last new token is never fed back
-    full = forward(params, cfg, seq)  # [1, T0 + n - 1, V]
-    cache = KVCache(cfg, 1, seq.shape[1])
-    forward(params, cfg, prompt, cache=cache)
-    steps = [forward(params, cfg, seq[:, t:t + 1], cache=cache)[0, 0]  # token-by-token decode
-             for t in range(T0, seq.shape[1])]
-    diff = float(np.abs(np.array(steps) - full[0, T0:]).max()) if steps else 0.0
-    return {
-        "question": QUESTION, "prompt_tokens": T0, "new_tokens": n,
-        "tokens_cached": cached[0, T0:], "tokens_uncached": uncached[0, T0:],
-        "text_cached": tokenizer.decode(cached[0, T0:]),
-        "text_uncached": tokenizer.decode(uncached[0, T0:]),
-        "same": not differ.size, "first_difference": int(differ[0]) + 1 if differ.size else None,
-        "decode_steps": len(steps), "max_logit_diff": diff,
-        "max_abs_logit": float(np.abs(full).max()),
-    }
-
-
-# ---------------------------------------------------------------- 3. decode speed
-
-def matmul_weight_elements(params, cfg):
-    """Elements of every weight matrix a decode step multiplies by: blocks plus the head."""
-    blocks = sum(w.size for p in params["blocks"] for group in ("attn", "mlp")
-                 for w in p[group].values() if w.ndim == 2)
-    head = params["tok_emb"].size if cfg.tie_embeddings else params["lm_head"]["w"].size
-    return int(blocks + head)
-
-
-def attention_flops(cfg, context):
-    """q·k over `context` keys and weights·v: 4·S·D per query head per layer."""
-    return int(round(4 * context * cfg.head_dim * cfg.n_heads * cfg.n_layers))
-
-
-def decoder(params, cfg, tokens, max_len):
-    """Prefill `tokens` [B, PREFILL] into a fresh cache; return one greedy cached decode step."""
-    cache = KVCache(cfg, tokens.shape[0], max_len)
-    state = {"next": np.argmax(forward(params, cfg, tokens, cache=cache)[:, -1], axis=-1)}
-
-    def step():
-        logits = forward(params, cfg, state["next"][:, None], cache=cache)[:, -1]  # [B, V]
-        state["next"] = np.argmax(logits, axis=-1)
-
-    return step
-
-
-def decode_part(params, cfg, tokenizer, quick):
-    steps = QUICK_STEPS if quick else STEPS
-    ids = np.array(tokenizer.encode(PARAGRAPH))
-    max_len = PREFILL + 1 + steps  # prefill, one warm-up step, the timed steps
-    fns = {}
-    for B in BATCHES:
-        # B different sequences: windows of the paragraph, 4 tokens apart.
-        rows = np.stack([ids[4 * b:4 * b + PREFILL] for b in range(B)])  # [B, PREFILL]
-        fns[B] = decoder(params, cfg, rows, max_len)
-    # Round-robin, so that drift in the machine's speed hits every batch size alike.
-    times = time_side_by_side(fns, repeats=steps, warmup=1)
-    batches = [{"batch": B, "median_s": times[B]["median_s"], "best_s": times[B]["best_s"],
-                "tokens_per_s": B / times[B]["median_s"]} for B in BATCHES]
-
-    bandwidth = read_bandwidth()  # 512 MiB: larger than any cache here
-    peak = matmul_peak(QUICK_PEAK_N if quick else PEAK_N)
-    weight_bytes = param_bytes(params)
-    elements = matmul_weight_elements(params, cfg)
-    context = PREFILL + 1 + (steps + 1) / 2  # mean number of keys over the timed steps
-    attn = attention_flops(cfg, context)
-    flops = 2 * elements + attn
-    gqa = KVCache(cfg, 1, 1).bytes_per_token()
-    mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, 1).bytes_per_token()
-    return {
-        "prefill_tokens": PREFILL, "steps": steps, "context": context, "batches": batches,
-        "weight_bytes": weight_bytes, "bandwidth": bandwidth["bytes_per_s"],
-        "bandwidth_bytes": bandwidth["bytes"], "peak_flops": peak["flops_per_s"],
-        "peak_n": peak["n"], "matmul_elements": elements, "attention_flops": attn,
-        "flops_per_token": flops,
-        "memory_bound_s": weight_bytes / bandwidth["bytes_per_s"],
-        "compute_bound_s": flops / peak["flops_per_s"],
-        "kv_bytes_per_token": gqa, "kv_bytes_per_token_mha": mha, "max_seq": cfg.max_seq,
-    }
-
-
-# ---------------------------------------------------------------- compute
-
-def compute(quick=False):
-    try:
-        path, cfg, params, tokenizer, load_s = load_model()
-    except (OSError, ImportError, ValueError) as exc:  # missing model or gguf package, bad file
-        return {"available": False, "reason": str(exc), "install": MODEL_INSTALL_COMMAND}
-    return {
-        "available": True,
-        "model": {"file": path.name, "n_layers": cfg.n_layers, "d_model": cfg.d_model,
-                  "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
-                  "head_dim": cfg.head_dim, "d_ff": cfg.d_ff, "vocab": cfg.vocab,
-                  "max_seq": cfg.max_seq, "n_params": param_bytes(params) // cfg.dtype.itemsize,
-                  "param_bytes": param_bytes(params), "dtype": cfg.dtype.name,
-                  "itemsize": cfg.dtype.itemsize},
-        "load_s": load_s,
-        "heads": heads_part(params, cfg, tokenizer, quick),
-        "kv": kv_part(params, cfg, tokenizer, quick),
-        "decode": decode_part(params, cfg, tokenizer, quick),
-    }
 
 
 # ---------------------------------------------------------------- render
@@ -493,27 +636,57 @@ def _diff(x):
     return "0" if x == 0 else f"{x:.1e}"
 
 
-def _by_batch(result, B):
-    return next(b for b in result["decode"]["batches"] if b["batch"] == B)
+def _spread(x):
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
+def _mark(text, steady):
+    """A figure from unsteady timings is marked ~."""
+    return text if steady else text + " ~"
+
+
+def unsteady_rows(dec):
+    """The timings that stayed unsteady: (spread, share of time waited or None) of each."""
+    rows = [r for r in (dec["timing"], dec["prefill"]) if not r["steady"]]
+    return [(r["spread"], r["waited"]) for r in rows]
+
+
+def busy_sentence(result, lang):
+    """One sentence on how disturbed the measuring was, or None on a quiet machine."""
+    t, dec = TEXT[lang], result["decode"]
+    sentences = []
+    rows = unsteady_rows(dec)
+    if rows or not dec["bandwidth_steady"] or not dec["peak_steady"]:
+        waits = [w for _, w in rows if w is not None]
+        wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
+                if waits and max(waits) > WAIT_LIMIT else "")
+        spread = max([x for x, _ in rows], default=1.0)
+        sentences.append(t["busy"].format(x=_spread(spread), wait=wait))
+    for check in dec["speed_checks"]:
+        if check["changed"]:
+            unit = "B/s" if check["what"] == "bandwidth" else "FLOP/s"
+            sentences.append(t["speed_changed_" + check["what"].split()[-1]].format(
+                a=fmt_num(check["before"]) + unit, b=fmt_num(check["after"]) + unit))
+    return " ".join(sentences) or None
 
 
 def observations(result, lang):
-    """The observation sentences, worded from the computed and measured results."""
+    """The observation sentences, worded from the computed results and verdicts."""
     t = TEXT[lang]
     m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
+    verdict = result["verdicts"]
     best, win = hd["top"][0], hd["window"]
-    items = [
+    busy = busy_sentence(result, lang)
+    items = [busy] if busy else []
+    items += [
         t["obs_prev"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.3f}",
                              k=hd["above_half"], n=m["n_layers"] * m["n_heads"],
                              med=f"{hd['median']:.3f}", uni=f"{hd['uniform']:.3f}"),
-        t["obs_walk"].format(diff=_diff(hd["walk_max_diff"])),
+        t["obs_walk"].format(diff=_diff(hd["record_max_diff"])),
     ]
     heat = dict(prev=f"{win['prev_mean']:.2f}", first=f"{win['first_mean']:.2f}",
                 rest=f"{win['rest_mean']:.2f}", first_tok=win["labels"][0])
-    if win["first_mean"] > win["rest_mean"]:
-        items.append(t["obs_heat_first"].format(**heat))
-    else:
-        items.append(t["obs_heat_rest"].format(**heat))
+    items.append(t["obs_heat_" + verdict["heatmap"]].format(**heat))
 
     common = dict(k=kv["decode_steps"], diff=_diff(kv["max_logit_diff"]),
                   m=f"{kv['max_abs_logit']:.1f}")
@@ -523,23 +696,22 @@ def observations(result, lang):
     else:
         items.append(t["obs_kv_differ"].format(at=kv["first_difference"], **common))
 
-    one = _by_batch(result, 1)
+    one = _by_batch(dec, 1)
     measured = one["median_s"]
-    mem_ratio = measured / dec["memory_bound_s"]
-    comp_ratio = measured / dec["compute_bound_s"]
     bound = dict(t=fmt_time(measured), r=_rate(one["tokens_per_s"]),
                  b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
                  tm=fmt_time(dec["memory_bound_s"]), f=fmt_num(dec["flops_per_token"]),
                  pk=fmt_num(dec["peak_flops"]), tc=fmt_time(dec["compute_bound_s"]),
-                 mr=_x(mem_ratio), cr=_x(comp_ratio),
+                 mr=_x(measured / dec["memory_bound_s"]),
+                 cr=_x(measured / dec["compute_bound_s"]),
                  i=f"{dec['flops_per_token'] / dec['weight_bytes']:.2f}",
                  bal=f"{dec['peak_flops'] / dec['bandwidth']:.0f}", isz=m["itemsize"])
-    # Nearer on a log scale: how many times off each bound is.
-    if abs(np.log(mem_ratio)) <= abs(np.log(comp_ratio)):
-        sentence = t["obs_bound_mem"].format(**bound)
+    if verdict["bound"] is None:
+        items.append(t["obs_bound_unknown"].format(**bound))
     else:
-        sentence = t["obs_bound_comp"].format(**bound)
-    items.append(sentence + t["floor_above" if mem_ratio >= 1 else "floor_below"])
+        items.append(t[{"memory": "obs_bound_mem", "compute": "obs_bound_comp"}[verdict["bound"]]]
+                     .format(**bound)
+                     + t["floor_" + verdict["floor"]])
 
     S = m["max_seq"]
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
@@ -548,37 +720,36 @@ def observations(result, lang):
                                      c=_bytes(gqa * S), c_mha=_bytes(mha * S),
                                      w=_bytes(dec["weight_bytes"])))
 
-    big = _by_batch(result, BATCHES[-1])
+    big = _by_batch(dec, BATCHES[-1])
     gain = big["tokens_per_s"] / one["tokens_per_s"]
     rates = dict(x=f"{gain:.1f}", rB=_rate(big["tokens_per_s"]), r1=_rate(one["tokens_per_s"]),
                  B=big["batch"])
-    if gain >= SIMILAR:
-        sentence = t["obs_batch_more"].format(**rates)
-    elif gain > 1 / SIMILAR:
-        sentence = t["obs_batch_same"].format(**rates)
+    if verdict["batch_gain"] is None:
+        items.append(t["obs_batch_unknown"].format(**rates))
     else:
-        sentence = t["obs_batch_fewer"].format(**rates)
-    step_ratio = big["median_s"] / one["median_s"]
-    # The batch's FLOPs at the measured peak: all the time arithmetic could explain.
-    arithmetic = big["batch"] * dec["flops_per_token"] / dec["peak_flops"]
-    step = dict(s=f"{step_ratio:.1f}", tc8=fmt_time(arithmetic), B=big["batch"])
-    if step_ratio < SIMILAR:
-        sentence += t["batch_step_flat"].format(**step)
-    elif big["median_s"] - one["median_s"] > arithmetic:
-        sentence += t["batch_step_blas"].format(**step)
-    else:
-        sentence += t["batch_step_flops"].format(**step)
-    items.append(sentence)
+        sentence = t["obs_batch_" + verdict["batch_gain"]].format(**rates)
+        arithmetic = big["batch"] * dec["flops_per_token"] / dec["peak_flops"]
+        step = dict(s=f"{big['median_s'] / one['median_s']:.1f}", tc8=fmt_time(arithmetic),
+                    B=big["batch"])
+        if verdict["batch_step"] is not None:
+            sentence += t["batch_step_" + verdict["batch_step"]].format(**step)
+        items.append(sentence)
 
-    pre = hd["prefill"]
-    items.append(t["obs_prefill"].format(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}",
-                                         x=_x(pre["tokens_per_s"] / one["tokens_per_s"])))
+    pre = dec["prefill"]
+    prefill = dict(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=_rate(one["tokens_per_s"]),
+                   x=_x(pre["tokens_per_s"] / one["tokens_per_s"]))
+    items.append(t["obs_prefill_" + (verdict["prefill"] or "unknown")].format(**prefill))
     return items
 
 
 def render_missing(result, lang):
     t = TEXT[lang]
-    print_text(t["missing"])
+    if result.get("corrupt_file"):
+        print_text(t["corrupt"])
+        print_text("    " + result["corrupt_file"], style="bold")
+        print_text(t["reinstall"])
+    else:
+        print_text(t["missing"])
     print_text("    " + result["install"], style="bold")
     reason = result["reason"].strip().splitlines()[0] if result["reason"].strip() else ""
     if reason:
@@ -608,12 +779,12 @@ def render(result, lang="zh"):
                  for i, h in enumerate(hd["top"])])
     print_text(t["prev_summary"].format(n=n_heads, med=f"{hd['median']:.3f}",
                                         uni=f"{hd['uniform']:.3f}"))
-    print_text(t["walk_check"].format(diff=_diff(hd["walk_max_diff"])), style="dim")
+    print_text(t["walk_check"].format(diff=_diff(hd["record_max_diff"])), style="dim")
     best, win = hd["top"][0], hd["window"]
     labels = win["labels"]
     # Column cells are 5 wide: labels of at most 4 keep a space between the column heads.
     heatmap(win["weights"], labels, [label[:4] for label in labels],
-            title=t["heat_title"].format(l=best["layer"], h=best["head"], n=len(labels)))
+            title=t["heat_title"].format(l=best["layer"], h=best["head"], n=len(labels)), scale=(0, 1))
 
     # 2. KV-cache invariance
     print_section(t["kv"])
@@ -630,13 +801,19 @@ def render(result, lang="zh"):
     # 3. decode speed
     print_section(t["decode"])
     print_text(t["decode_setup"].format(p=dec["prefill_tokens"], s=dec["steps"]))
-    one = _by_batch(result, 1)
+    one = _by_batch(dec, 1)
+    timed_ok = dec["timing"]["steady"]
+    changed = {c["what"] for c in dec["speed_checks"] if c["changed"]}
+    bw_ok = dec["bandwidth_steady"] and "bandwidth" not in changed
+    pk_ok = dec["peak_steady"] and "matmul peak" not in changed
     rows = [
-        [t["measured"], fmt_time(one["median_s"]), _rate(one["tokens_per_s"]),
+        [_mark(t["measured"], timed_ok), fmt_time(one["median_s"]), _rate(one["tokens_per_s"]),
          t["measured_basis"].format(s=dec["steps"])],
-        [t["mem_bound"], fmt_time(dec["memory_bound_s"]), _rate(1 / dec["memory_bound_s"]),
+        [_mark(t["mem_bound"], bw_ok), fmt_time(dec["memory_bound_s"]),
+         _rate(1 / dec["memory_bound_s"]),
          t["mem_basis"].format(b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]))],
-        [t["comp_bound"], fmt_time(dec["compute_bound_s"]), _rate(1 / dec["compute_bound_s"]),
+        [_mark(t["comp_bound"], pk_ok), fmt_time(dec["compute_bound_s"]),
+         _rate(1 / dec["compute_bound_s"]),
          t["comp_basis"].format(f=fmt_num(dec["flops_per_token"]), pk=fmt_num(dec["peak_flops"]))],
     ]
     print_table([t["what"], t["per_token"], t["tok_s"], t["basis"]], rows)
@@ -644,13 +821,25 @@ def render(result, lang="zh"):
                                      d=m["d_model"], V=m["vocab"], S=f"{dec['context']:g}",
                                      a=fmt_num(dec["attention_flops"]).strip()), style="dim")
 
-    pre = hd["prefill"]
-    rows = [[str(b["batch"]), fmt_time(b["median_s"]), _rate(b["tokens_per_s"]),
-             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×"] for b in dec["batches"]]
-    rows.append([t["prefill_row"].format(T=pre["tokens"]), fmt_time(pre["seconds"]),
-                 _rate(pre["tokens_per_s"]), f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×"])
+    pre = dec["prefill"]
+    rows = [[_mark(str(b["batch"]), timed_ok), fmt_time(b["median_s"]), _rate(b["tokens_per_s"]),
+             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×", _spread(b["spread"]) + "×"]
+            for b in dec["batches"]]
+    rows.append([_mark(t["prefill_row"].format(T=pre["tokens"]), pre["steady"]),
+                 fmt_time(pre["seconds"]), _rate(pre["tokens_per_s"]),
+                 f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×", _spread(pre["spread"]) + "×"])
     print_text(t["batch_title"])
-    print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"]], rows)
+    print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"], t["spread"]], rows)
+    if not (timed_ok and pre["steady"] and bw_ok and pk_ok):
+        spent = dec["timing"]["remeasured_s"] + pre["remeasured_s"]
+        if spent > 0:
+            head = t["unsteady_after"].format(s=fmt_time(spent))
+        elif not (timed_ok and pre["steady"]):
+            head = t["unsteady_no_time"].format(b=fmt_time(dec["budget_s"]))
+        else:  # only the bandwidth or the peak
+            head = t["unsteady_plain"]
+        print_text(head + t["unsteady_why"].format(lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"),
+                   style="dim")
 
     S = m["max_seq"]
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
@@ -661,6 +850,66 @@ def render(result, lang="zh"):
     ])
 
     print_observations(observations(result, lang))
+
+
+FIG_TEXT = {
+    "zh": {"head_title": "第 {l} 层第 {h} 个头：t−1 上的平均权重 {s}（{n} 个 token）",
+           "query": "查询", "key": "键", "weight": "注意力权重",
+           "decode_title": "解码每步用时：实测 vs 内存下界与算力下界", "batch": "batch 大小 B",
+           "step": "每步用时", "measured": "实测（{s} 步的中位数）",
+           "mem_bound": "内存下界：读一遍 {b}B 权重", "comp_bound": "算力下界：B × {f}FLOP"},
+    "en": {"head_title": "Layer {l}, head {h}: mean weight {s} on t−1 ({n} tokens)",
+           "query": "query", "key": "key", "weight": "attention weight",
+           "decode_title": "Decode time per step against the memory and compute bounds",
+           "batch": "batch size B", "step": "time per step",
+           "measured": "measured (median of {s} steps)",
+           "mem_bound": "memory bound: read {b}B of weights once",
+           "comp_bound": "compute bound: B × {f}FLOP"},
+}
+
+
+def figures(result, lang="zh"):
+    """The best previous-token head with its tokens, and decode time against its two bounds."""
+    if not result.get("available"):
+        return {}  # render() already says how to install the model
+    from _figures import heatmap, label_axis, new_figure, seconds, set_ticks
+    t = FIG_TEXT[lang]
+    hd, dec = result["heads"], result["decode"]
+    out = {}
+
+    best, win = hd["top"][0], hd["window"]
+    fig, ax = new_figure(size=(8, 7))
+    heatmap(ax, win["weights"], win["labels"], win["labels"], colorbar_label=t["weight"],
+            mask_above_diagonal=True, x_rotation=45)
+    ax.set_xlabel(t["key"])
+    ax.set_ylabel(t["query"])
+    ax.set_title(t["head_title"].format(l=best["layer"], h=best["head"], n=hd["n_tokens"],
+                                        s=f"{best['score']:.2f}"))
+    out["previous_token_head"] = fig
+
+    batches = [b["batch"] for b in dec["batches"]]
+    fig, ax = new_figure()
+    ax.plot(batches, [b["median_s"] for b in dec["batches"]], "o-", linewidth=2.5, markersize=8,
+            label=t["measured"].format(s=dec["steps"]), gid="measured")
+    for b in dec["batches"]:
+        ax.annotate(seconds(b["median_s"]), (b["batch"], b["median_s"]), xytext=(0, 9),
+                    textcoords="offset points", ha="center")
+    # The weights are read once per step whatever B is; the arithmetic grows with B.
+    ax.plot(batches, [dec["memory_bound_s"]] * len(batches), "--",
+            label=t["mem_bound"].format(b=fmt_num(dec["weight_bytes"])), gid="memory_bound")
+    ax.plot(batches, [B * dec["compute_bound_s"] for B in batches], ":", linewidth=2,
+            label=t["comp_bound"].format(f=fmt_num(dec["flops_per_token"])), gid="compute_bound")
+    ax.set_yscale("log")
+    ax.set_xscale("log", base=2)
+    ax.margins(x=0.08, y=0.15)  # room for the values above the first and last points
+    set_ticks(ax, batches)
+    label_axis(ax.yaxis, "seconds")
+    ax.set_xlabel(t["batch"])
+    ax.set_ylabel(t["step"])
+    ax.set_title(t["decode_title"])
+    ax.legend()
+    out["decode_bounds"] = fig
+    return out
 
 
 if __name__ == "__main__":

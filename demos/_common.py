@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 DEMOS_DIR = Path(__file__).resolve().parent
@@ -19,8 +20,10 @@ ROOT = DEMOS_DIR.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
+import _figures  # noqa: E402  (imports matplotlib only when figures are asked for)
 import console  # noqa: E402
 from console import to_jsonable  # noqa: E402
+from transformer_lab.cli import EXIT_INTERRUPTED  # noqa: E402  (130, as a shell reports Ctrl-C)
 
 LANGS = ("zh", "en")
 LANG_ENV = "TRANSFORMER_LAB_LANG"
@@ -66,12 +69,53 @@ def resolve_lang(cli_lang: str | None) -> str:
 
 def demo_parser(prog: str, description: str) -> OneLineParser:
     parser = OneLineParser(prog=prog, description=description,
-                           valid_hint="valid options: --lang zh|en, --quick, --json, --pause")
+                           valid_hint="valid options: --lang zh|en, --quick, --json, --pause, "
+                                      "--export FILE.svg|.html|.txt, --figures DIR")
     parser.add_argument("--lang", help="zh (default) or en; also TRANSFORMER_LAB_LANG")
     parser.add_argument("--quick", action="store_true", help="smaller timing sizes")
     parser.add_argument("--json", action="store_true", help="print the computed results as JSON")
     parser.add_argument("--pause", action="store_true", help="wait for Enter between parts")
+    parser.add_argument("--export", metavar="FILE", help="also write the output to .svg, .html or .txt")
+    parser.add_argument("--figures", metavar="DIR",
+                        help="also write PNG and SVG figures there (needs matplotlib)")
     return parser
+
+
+# Options that write files, as (option, attribute of the parsed args). Each is checked
+# before anything is computed, and none goes with --json.
+OUTPUT_OPTIONS = (("--export", "export"), ("--export-dir", "export_dir"))
+
+
+def check_outputs(args):
+    """Check every file the run will write before any demo runs: UsageError, one line, if one cannot be."""
+    given = [option for option, attr in OUTPUT_OPTIONS if getattr(args, attr, None)]
+    if given and getattr(args, "json", False):
+        raise UsageError(f"--json prints the computed results, not the tables, so {given[0]} would "
+                         f"have nothing to write; use one or the other")
+    if getattr(args, "export", None):
+        try:
+            console.check_export_path(args.export)
+        except ValueError as e:
+            raise UsageError(f"--export {e}") from None
+    if getattr(args, "export_dir", None):
+        check_export_dir(args.export_dir)
+
+
+def check_export_dir(directory) -> None:
+    """Create `directory` if needed and make sure a file can be written in it (UsageError if not)."""
+    try:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise UsageError(f"--export-dir {directory}: exists and is not a directory")
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise UsageError(f"--export-dir {directory}: cannot write there ({e.strerror or e})") from None
+
+
+def export_name(module, suffix: str = ".svg") -> str:
+    """A demo's file name in --export-dir: 03_causal_mask.svg."""
+    return Path(module.__file__).stem + suffix
 
 
 def render_demo(module, result, lang: str):
@@ -81,6 +125,20 @@ def render_demo(module, result, lang: str):
     module.render(result, lang)
 
 
+def stop_quietly(body) -> int:
+    """body()'s exit status; Ctrl-C ends it with 130 and Ctrl-D at a --pause prompt with 0,
+    neither with a traceback. Nothing else in a demo reads the terminal, so an EOFError
+    can only come from that prompt."""
+    try:
+        return body()
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED
+    except EOFError:  # Ctrl-D at the pause: the lecturer is done
+        print()
+        return 0
+
+
 def run_demo(module, argv=None) -> int:
     """Run one demo module as a script: parse options, compute, then render or dump JSON."""
     prog = Path(module.__file__).name
@@ -88,16 +146,27 @@ def run_demo(module, argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         lang = resolve_lang(args.lang)
-    except UsageError as e:
+        check_outputs(args)
+        writer = _figures.prepare(args.figures, lang) if args.figures else None
+    except (UsageError, _figures.FigureError) as e:
         sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
     console.set_pause(args.pause)
-    result = module.compute(quick=args.quick)
-    if args.json:
-        print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
-    else:
-        render_demo(module, result, lang)
-    return 0
+
+    def body():
+        result = module.compute(quick=args.quick)
+        if args.json:
+            print(json.dumps(to_jsonable(result), ensure_ascii=False, indent=1))
+        else:
+            render_demo(module, result, lang)
+            if args.export:
+                console.export(args.export)
+                sys.stderr.write(f"exported to {args.export}\n")
+        if writer:
+            writer.write(module, result)
+            sys.stderr.write(writer.summary() + "\n")
+        return 0
+    return stop_quietly(body)
 
 
 def load_demos() -> list:

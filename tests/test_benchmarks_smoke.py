@@ -19,6 +19,7 @@ from benchmarks.__main__ import parse_args
 from benchmarks.bench_attention import (attention_bmm, attention_einsum, attention_flops,
                                         causal_flops, make_qkv, run_attention)
 from benchmarks.bench_model import memory_report, mid_config, run_decode, run_forward
+from benchmarks.bench_train import run_train, step_flops, train_config
 from benchmarks.output import Output
 from transformer_lab import attention_core
 
@@ -30,7 +31,10 @@ TINY = replace(QUICK, name="tiny", attn_sizes=(16, 40), attn_groups=(4, 1), attn
                peak_repeats=1, forward_B=2, forward_T=12, forward_repeats=1,
                decode_contexts=(4, 8, 16), decode_repeats_cached=1, decode_repeats_recompute=1,
                model=dict(vocab=96, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
-                          max_seq=64))
+                          max_seq=64),
+               train_B=2, train_T=8, train_repeats=1,
+               train_model=dict(vocab=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1,
+                                d_ff=64, max_seq=8))
 
 
 @pytest.mark.parametrize("T,S,H,G,offset", [(1, 1, 2, 1, 0), (9, 9, 4, 2, 0), (5, 12, 4, 4, 7),
@@ -104,10 +108,19 @@ def test_run_all_writes_json(tmp_path):
     else:  # PyTorch installed: the same weights must give the same logits
         assert fwd["torch"]["logits_agree"], fwd["torch"]
         assert fwd["numpy_over_torch_time"] > 0
+    tr = data["train"]
+    assert tr["numpy"]["best_s"] > 0 and tr["flops_per_step"] == step_flops(
+        train_config(**TINY.train_model), 2, 8)
+    assert tr["memory"]["activation_record_bytes"] > 0 and tr["memory"]["peak_step_bytes"] > 0
+    if tr["torch"] is None:
+        assert tr["torch_skipped"]
+    else:  # the same weights must give the same loss and gradients
+        assert tr["torch"]["grads_agree"], tr["torch"]
+        assert tr["torch"]["loss_abs_diff"] < 1e-4 and tr["numpy_over_torch_time"] > 0
     assert {"rows", "fit", "linearity"} <= set(data["decode"])
     assert data["memory"]["kv_bytes_per_token"] > 0
     names = [t["name"] for t in data["targets"]]
-    assert len(names) == 5 and all("met" in t for t in data["targets"])
+    assert len(names) == 6 and all("met" in t for t in data["targets"])
     assert data["targets"] == json.loads(json.dumps(evaluate_targets(results)))
 
 
@@ -127,6 +140,22 @@ def test_run_all_one_section_without_json():
     assert len(results["targets"]) == 2
 
 
+def test_step_flops_by_hand():
+    # d=4, 1 head of 4, 1 layer, d_ff=8, vocab 10, SwiGLU; B=1, T=2.
+    cfg = train_config(vocab=10, d_model=4, n_heads=1, n_kv_heads=1, n_layers=1, d_ff=8, max_seq=2)
+    weights = 4 * 4 * 4 + 3 * 4 * 8 + 4 * 10  # wq wk wv wo, gate up down, head
+    attention = 4 * 4 * 3  # 4*D per causal pair; T=2 has 3 pairs
+    assert step_flops(cfg, 1, 2) == 3 * (2 * 2 * weights + attention)
+
+
+def test_train_without_torch_skips_the_row():
+    cfg = train_config(**TINY.train_model)
+    res = run_train(cfg, B=1, T=4, repeats=1, peak_n=32, peak_repeats=1, use_torch=False)
+    assert res["torch"] is None and res["torch_skipped"] and "numpy_over_torch_time" not in res
+    (target,) = evaluate_targets({"train": res})
+    assert target["met"] is None and "skipped" in target["measured_text"]
+
+
 def test_cli_parses_options():
     args = parse_args(["--quick", "--json", "x.json", "--only", "decode", "forward"])
     assert args.quick and args.json == "x.json" and args.only == ["decode", "forward"]
@@ -137,4 +166,79 @@ def test_cli_bad_option_exits_2(argv):
     proc = subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert "usage" in proc.stderr.lower()
+    (line,) = proc.stderr.strip().splitlines()  # one line, no usage block
+    assert line.startswith("python -m benchmarks: error: ")
+
+
+# ---------------------------------------------------------------- spread in the JSON, ~ in the tables
+
+def test_every_figure_records_its_spread(tmp_path):
+    path = tmp_path / "results.json"
+    run_all(TINY, path, out=Output(quiet=True), command="smoke test", use_torch=False)
+    data = json.loads(path.read_text())
+    figures = [data["attention"]["matmul_peak"], data["forward"]["numpy"]]
+    for row in data["attention"]["rows"]:
+        figures += [row["attention_core"], row["bmm"]] + ([row["einsum"]] if row["einsum"] else [])
+    for fig in figures:
+        assert fig["spread"] >= 1 and isinstance(fig["steady"], bool) and "waited" in fig
+    for row in data["decode"]["rows"]:
+        for kind in ("cached", "recompute"):
+            assert row[f"{kind}_spread"] >= 1 and isinstance(row[f"{kind}_steady"], bool)
+
+
+class Recorder(Output):
+    """An Output that keeps the tables it is given instead of printing them."""
+
+    def __init__(self):
+        super().__init__(quiet=True)
+        self.tables = []
+
+    def table(self, headers, rows, caption=None):
+        self.tables.append(([[str(c) for c in row] for row in rows], caption or ""))
+
+
+def stats(steady=True):
+    return {"best_s": 1e-3, "median_s": 1e-3, "max_s": 1e-3 if steady else 3e-3,
+            "spread": 1.0 if steady else 3.0, "waited": 0.0, "steady": steady, "repeats": 3,
+            "gflops": 10.0}
+
+
+@pytest.mark.parametrize("noisy", ["none", "one", "all"])
+def test_unsteady_figures_are_marked_in_the_tables(noisy):
+    from benchmarks.suite import print_attention, print_decode
+    steady_core = noisy == "none"
+    rows = [{"T": T, "G": 2, "attention_core": stats(steady_core if T == 16 else noisy != "all"),
+             "bmm": stats(noisy != "all"), "einsum": None, "core_vs_bmm": 1.0,
+             "core_fraction_of_peak": 0.1, "core_causal_gflops": 5.0,
+             "core_causal_fraction_of_peak": 0.05} for T in (16, 40)]
+    att = {"dtype": "float32", "B": 1, "H": 4, "D": 8, "flop_convention": "4*T*S*H*D.",
+           "timing": "t", "matmul_peak": {**stats(noisy != "all"), "n": 64}, "rows": rows}
+    dec = {"config": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "d_ff": 64,
+                      "vocab": 96, "params": 1e4}, "timing": "t",
+           "rows": [{"context": c, "cached_ms": 1.0, "recompute_ms": 5.0, "speedup": 5.0,
+                     "cached_steady": noisy == "none" or (noisy == "one" and c == 4),
+                     "recompute_steady": noisy != "all"} for c in (4, 8)]}
+    out = Recorder()
+    print_attention(out, att)
+    print_decode(out, dec)
+    (att_rows, att_caption), (dec_rows, dec_caption) = out.tables
+    marked = [sum(c.endswith(" ~") for row in t for c in row) for t in (att_rows, dec_rows)]
+    if noisy == "none":
+        assert marked == [0, 0] and "~" not in att_caption + dec_caption
+    else:
+        assert all(m > 0 for m in marked) and "~ marks an unsteady figure" in att_caption
+        assert "~ marks an unsteady figure" in dec_caption
+        assert att_rows[1][2].endswith(" ~") == (noisy == "all")  # T = 40, attention_core
+        assert dec_rows[0][1] == ("1.00 ~" if noisy == "all" else "1.00")
+    if noisy == "all":
+        assert "10.0 ~ GFLOP/s" in att_caption
+    targets = evaluate_targets({"attention": {**att, "rows": [
+        {**r, "T": 2048} for r in rows]}, "decode": {**dec, "rows": [
+        {**r, "context": 2048} for r in dec["rows"]]}})
+    # the speedup target reads the first 2048 row, cached steady unless everything is noisy
+    assert [t["steady"] for t in targets] == [noisy == "none"] * 2 + [True, noisy != "all"]
+    from benchmarks.suite import print_targets
+    out = Recorder()
+    print_targets(out, targets)
+    (cells, caption), = out.tables
+    assert any(c.endswith(" ~") for row in cells for c in row) == (noisy != "none")

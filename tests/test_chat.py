@@ -74,7 +74,8 @@ def test_chat_keeps_earlier_turns(model_file, monkeypatch, capsys):
 def test_chat_bad_options_exit_2(options):
     result = run_chat(*options)
     assert result.returncode == 2
-    assert "usage:" in result.stderr
+    (line,) = result.stderr.strip().splitlines()  # one line, no usage block
+    assert line.startswith("python -m transformer_lab.chat: error: ")
 
 
 def test_chat_missing_model_file_exits_1(tmp_path):

@@ -80,7 +80,7 @@ def test_bad_strings(field, bad):
         make(**{field: bad})
 
 
-@pytest.mark.parametrize("field,good", [("norm", "layer"), ("mlp", "gelu"), ("mlp", "gelu_tanh"),
+@pytest.mark.parametrize("field,good", [("norm", "layer"), ("mlp", "gelu"), ("mlp", "gelu_tanh"), ("mlp", "none"),
                                         ("pos", "learned"), ("pos", "sinusoidal"), ("pos", "none")])
 def test_allowed_strings(field, good):
     assert getattr(make(**{field: good}), field) == good

@@ -3,6 +3,7 @@ the wording of its timing sentences on synthetic results (no test depends on how
 machine is), and the install hint when the model is missing."""
 import copy
 import os
+import statistics
 import re
 import subprocess
 import sys
@@ -11,13 +12,14 @@ import numpy as np
 import pytest
 from rich.cells import cell_len
 
-from demo_helpers import ROOT, demo, rendered_text  # first: puts demos/ on sys.path
+from demo_helpers import ROOT, ScriptedTimings, demo, jittered, rendered_text  # first: demos/ on sys.path
 
 import console
 from _common import run_demo
 from console import fmt_time
 from transformer_lab import TINY, apply_rope, forward, init_params, rope_angles, softmax
 from transformer_lab.gguf_loader import MODEL_INSTALL_COMMAND
+from transformer_lab.measure import speed_check
 from transformer_lab.model import embed, norm
 
 D09 = demo(9)
@@ -42,9 +44,17 @@ L, H, G, HD, DM, FF, V, S = 30, 9, 3, 64, 576, 1536, 49152, 8192
 ELEMENTS = L * (DM * H * HD + 2 * DM * G * HD + H * HD * DM + 3 * DM * FF) + V * DM
 
 
+def steadiness(steady=True, spread=None, waited=0.0):
+    spread = (1.05 if steady else 3.2) if spread is None else spread
+    return {"steady": steady, "spread": spread, "waited": waited,
+            "attempts": 1 if steady else 3, "remeasured_s": 0.0 if steady else 1.0}
+
+
 def fake(one_s=36e-3, big_s=95e-3, bandwidth=30e9, peak=280e9, mid_s=90e-3, first=0.16,
-         rest=0.07, same=True, prefill_s=0.3):
-    """A complete result with the given timings; the model's shape is SmolLM2-135M's."""
+         rest=0.07, same=True, prefill_s=0.3, timing=None, prefill=None, before=(1.0, 1.0),
+         bandwidth_steady=True):
+    """A complete result with the given timings and its verdicts; the model's shape is
+    SmolLM2-135M's. `before` scales the quick checks of bandwidth and peak."""
     weight_bytes = 4 * (ELEMENTS + 2 * L * DM + DM)  # matrices and the norm gains, float32
     flops = 2 * ELEMENTS + D09.attention_flops(type("C", (), dict(head_dim=HD, n_heads=H,
                                                                   n_layers=L))(), 27.5)
@@ -53,9 +63,9 @@ def fake(one_s=36e-3, big_s=95e-3, bandwidth=30e9, peak=280e9, mid_s=90e-3, firs
     w = np.tril(np.full((D09.WINDOW, D09.WINDOW), 0.01))
     cached = [504, 3575, 282, 4649]
     uncached = cached if same else [504, 3575, 282, 999]
-    batches = [{"batch": B, "median_s": s, "best_s": s, "tokens_per_s": B / s}
+    batches = [{"batch": B, "median_s": s, "best_s": s, "spread": 1.05, "tokens_per_s": B / s}
                for B, s in zip(D09.BATCHES, (one_s, mid_s, big_s))]
-    return {
+    result = {
         "available": True,
         "model": {"file": "SmolLM2-135M-Instruct.Q4_1.gguf", "n_layers": L, "d_model": DM,
                   "n_heads": H, "n_kv_heads": G, "head_dim": HD, "d_ff": FF, "vocab": V,
@@ -64,26 +74,32 @@ def fake(one_s=36e-3, big_s=95e-3, bandwidth=30e9, peak=280e9, mid_s=90e-3, firs
         "load_s": 2.0,
         "heads": {"n_tokens": 120, "scores": scores,
                   "top": [{"layer": 16, "head": 0, "score": 0.745}],
-                  "median": 0.044, "above_half": 4, "uniform": 0.019, "walk_max_diff": 0.0,
+                  "median": 0.044, "above_half": 4, "uniform": 0.019, "record_max_diff": 0.0,
                   "window": {"labels": ["Every"] + ["tok"] * (D09.WINDOW - 1), "weights": w,
                              "prev_mean": 1 - first - rest, "first_mean": first,
-                             "rest_mean": rest},
-                  "prefill": {"tokens": 120, "seconds": prefill_s,
-                              "tokens_per_s": 120 / prefill_s}},
+                             "rest_mean": rest}},
         "kv": {"question": D09.QUESTION, "prompt_tokens": 16, "new_tokens": 4,
                "tokens_cached": cached, "tokens_uncached": uncached,
                "text_cached": "The capital of France", "text_uncached": "The capital of X",
                "same": same, "first_difference": None if same else 4, "decode_steps": 3,
                "max_logit_diff": 5.3e-5, "max_abs_logit": 36.5},
         "decode": {"prefill_tokens": 16, "steps": 6, "context": 20.5, "batches": batches,
+                   "timing": timing or steadiness(), "budget_s": 2.0,
+                   "prefill": {"tokens": 120, "seconds": prefill_s,
+                               "tokens_per_s": 120 / prefill_s, **(prefill or steadiness())},
                    "weight_bytes": weight_bytes, "bandwidth": bandwidth,
-                   "bandwidth_bytes": 2**28, "peak_flops": peak, "peak_n": 1024,
+                   "bandwidth_bytes": 2**28, "bandwidth_steady": bandwidth_steady,
+                   "peak_flops": peak, "peak_n": 1024, "peak_steady": True,
+                   "speed_checks": [speed_check(bandwidth * before[0], bandwidth, "bandwidth"),
+                                    speed_check(peak * before[1], peak, "matmul peak")],
                    "matmul_elements": ELEMENTS, "attention_flops": flops - 2 * ELEMENTS,
                    "flops_per_token": flops, "memory_bound_s": weight_bytes / bandwidth,
                    "compute_bound_s": flops / peak,
                    "kv_bytes_per_token": 2 * L * G * HD * 4,
                    "kv_bytes_per_token_mha": 2 * L * H * HD * 4, "max_seq": S},
     }
+    result["verdicts"] = D09.verdicts(result["heads"], result["decode"])
+    return result
 
 
 def keys(tree):
@@ -159,13 +175,25 @@ def test_the_model_is_loaded_once_per_process(monkeypatch):
     assert first is second and calls == ["model.gguf"]
 
 
-# ---------------------------------------------------------------- the walk, on a tiny model
+# ---------------------------------------------------------------- the record, on tiny models
 
-def test_the_walk_reproduces_forward_and_scores_the_subdiagonal():
-    cfg = TINY
-    params = init_params(cfg, seed=9)
+def biased(cfg, seed=9):
+    """Params for cfg with every bias set to noise, so that a bias left out would show."""
+    params = init_params(cfg, seed=seed)
+    rng = np.random.default_rng(seed)
+    for p in params["blocks"]:
+        for group in ("attn", "mlp"):
+            for name, w in p[group].items():
+                if w.ndim == 1:
+                    p[group][name] = rng.normal(size=w.shape).astype(w.dtype)
+    return params
+
+
+@pytest.mark.parametrize("cfg", [TINY, TINY.replace(bias=True)], ids=["tiny", "tiny-biased"])
+def test_the_scores_come_from_forward_and_read_the_subdiagonal(cfg):
+    params = biased(cfg) if cfg.bias else init_params(cfg, seed=9)
     tokens = np.random.default_rng(9).integers(0, cfg.vocab, size=(1, 10))
-    scores, weights, logits = D09.previous_token_scores(params, cfg, tokens)
+    scores, weights, logits = D09.previous_token_scores(params, cfg, tokens, window=10)
     assert scores.shape == (cfg.n_layers, cfg.n_heads)
     np.testing.assert_array_equal(logits, forward(params, cfg, tokens))
     T = tokens.shape[1]
@@ -173,17 +201,26 @@ def test_the_walk_reproduces_forward_and_scores_the_subdiagonal():
     assert not np.triu(weights, 1).any()  # causal
     sub = weights[..., np.arange(1, T), np.arange(T - 1)]  # [L, H, T-1]
     np.testing.assert_allclose(scores, sub.mean(-1))
-    # Layer 0 by hand: RMSNorm, q and k, RoPE, softmax(q k^T / sqrt D) with K/V groups repeated.
+    # Layer 0 by hand: RMSNorm, q and k with their biases, RoPE, softmax(q k^T / sqrt D),
+    # K/V groups repeated.
     p = params["blocks"][0]
     h = norm(embed(params, cfg, tokens), p["attn_norm"], cfg)
     D, R = cfg.head_dim, cfg.group_size
     rope = rope_angles(np.arange(T), D, cfg.rope_base)
-    q = apply_rope((h @ p["attn"]["wq"]).reshape(1, T, cfg.n_heads, D), *rope)[0]
-    k = apply_rope((h @ p["attn"]["wk"]).reshape(1, T, cfg.n_kv_heads, D), *rope)[0]
-    k = np.repeat(k, R, axis=1)  # [T, H, D]
-    s = np.einsum("thd,shd->hts", q, k) / np.sqrt(D)
-    s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
-    np.testing.assert_allclose(weights[0], softmax(s, axis=-1), atol=1e-12)
+
+    def layer0(with_bias):
+        bq = p["attn"]["bq"] if with_bias else 0.0
+        bk = p["attn"]["bk"] if with_bias else 0.0
+        q = apply_rope((h @ p["attn"]["wq"] + bq).reshape(1, T, cfg.n_heads, D), *rope)[0]
+        k = apply_rope((h @ p["attn"]["wk"] + bk).reshape(1, T, cfg.n_kv_heads, D), *rope)[0]
+        k = np.repeat(k, R, axis=1)  # [T, H, D]
+        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(D)
+        s = np.where(np.tril(np.ones((T, T), bool)), s, -np.inf)
+        return softmax(s, axis=-1)
+
+    np.testing.assert_allclose(weights[0], layer0(cfg.bias), atol=1e-12)
+    if cfg.bias:  # the biases matter: a hand walk that skips them gets other weights
+        assert np.abs(weights[0] - layer0(False)).max() > 1e-3
 
 
 def test_flop_and_kv_counts_follow_the_stated_rules():
@@ -213,8 +250,8 @@ def test_the_full_paragraph_is_a_few_hundred_tokens(quick):
     assert 250 <= n <= 350
 
 
-def test_the_walk_reproduces_forward_on_the_real_model(quick):
-    assert quick["heads"]["walk_max_diff"] < 1e-4
+def test_recording_changes_nothing_on_the_real_model(quick):
+    assert quick["heads"]["record_max_diff"] == 0
 
 
 def test_previous_token_heads_exist(quick):
@@ -361,3 +398,168 @@ def test_synthetic_results_render_within_80_columns(lang):
     for result in (fake(), fake(same=False), fake(one_s=2e-3, bandwidth=1e13)):
         text = rendered_text(D09, copy.deepcopy(result), lang)
         assert max(cell_len(line) for line in text.splitlines()) <= 80
+
+
+# ---------------------------------------------------------------- verdicts and a busy machine
+
+def test_the_verdicts_are_decided_in_compute_and_land_in_the_json(quick):
+    from console import to_jsonable
+    assert quick["verdicts"] == D09.verdicts(quick["heads"], quick["decode"])
+    data = to_jsonable(quick)["verdicts"]
+    assert set(data) == {"heatmap", "bound", "floor", "batch_gain", "batch_step", "prefill"}
+    assert data["bound"] in ("memory", "compute", None)
+    assert data["batch_gain"] in ("more", "same", "fewer", None)
+    if not quick["decode"]["timing"]["steady"]:
+        assert data["bound"] is data["batch_gain"] is data["prefill"] is None
+
+
+def test_quiet_timings_give_every_verdict():
+    v = fake()["verdicts"]
+    assert v == {"heatmap": "first", "bound": "memory", "floor": "above", "batch_gain": "more",
+                 "batch_step": "blas", "prefill": "faster"}
+    assert fake(one_s=2e-3, bandwidth=1e13)["verdicts"]["bound"] == "compute"
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_a_quiet_run_says_nothing_about_noise(lang):
+    result = fake()
+    assert D09.busy_sentence(result, lang) is None
+    assert len(D09.observations(result, lang)) == 8
+    text = rendered_text(D09, copy.deepcopy(result), lang)
+    assert "~" not in text and "1.1×" in text  # the spread column, nothing marked
+
+
+def test_unsteady_decode_steps_claim_no_bound_and_no_batch_gain():
+    result = fake(timing=steadiness(False))
+    v = result["verdicts"]
+    assert v["bound"] is v["floor"] is v["batch_gain"] is v["batch_step"] is v["prefill"] is None
+    items = D09.observations(result, "en")
+    assert items[0].startswith("The machine was busy while measuring: repeats varied by up to "
+                               "3.2×; orderings from figures marked ~ may not hold")
+    text = flat(items)
+    for claim in ("memory-bound", "nearer the compute bound", "tokens/s of batch 1",
+                  "same effect", "did not pay"):
+        assert claim not in text, claim
+    assert text.count("could not be determined here") == 3
+    rendered = rendered_text(D09, copy.deepcopy(result), "en")
+    assert "measured ~" in rendered and "8 ~" in rendered
+    assert "~ still unsteady after 1.00 s of re-measuring" in flat([rendered])
+
+
+def test_an_unsteady_prefill_alone_leaves_the_decode_verdicts():
+    result = fake(prefill=steadiness(False, waited=0.5))
+    v = result["verdicts"]
+    assert v["bound"] == "memory" and v["batch_gain"] == "more" and v["prefill"] is None
+    items = D09.observations(result, "en")
+    assert "waited for a CPU for 50% of the measured time" in items[0]
+    assert "how much faster it is could not be determined here" in items[-1]
+    rendered = rendered_text(D09, copy.deepcopy(result), "en")
+    assert "prefill 120 tok ~" in rendered
+    assert "~ still unsteady after 1.00 s of re-measuring: repeats" in flat([rendered])
+    unmeasured = fake(prefill={**steadiness(False), "remeasured_s": 0.0})
+    assert ("~ unsteady (one more measurement would not have fitted in the 2.00 s "
+            "re-measuring budget): repeats") in flat([rendered_text(D09, unmeasured, "en")])
+    only_bandwidth = flat([rendered_text(D09, fake(bandwidth_steady=False), "en")])
+    assert "memory bound ~" in only_bandwidth and "~ unsteady: repeats" in only_bandwidth
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_a_change_in_the_machines_speed_withholds_the_bound(lang):
+    result = fake(before=(3.0, 1.0))  # bandwidth 3x higher in the check before the timing
+    v = result["verdicts"]
+    assert v["bound"] is None and v["batch_gain"] == "more" and v["batch_step"] is None
+    first = D09.observations(result, lang)[0]
+    if lang == "en":
+        assert first == ("The machine's speed changed mid-demo: memory bandwidth was 90.0 GB/s "
+                         "before the timing and 30.0 GB/s after it.")
+    else:
+        assert first.startswith("机器的速度在演示中途变了：内存带宽")
+    assert ("memory bound ~" if lang == "en" else "内存下界 ~") in \
+        rendered_text(D09, copy.deepcopy(result), lang)
+
+
+@pytest.mark.parametrize("lang, unknown", [("en", "could not be determined here"),
+                                           ("zh", "无法判断")])
+def test_everything_noisy(lang, unknown):
+    result = fake(timing=steadiness(False, spread=1.2, waited=1.6),
+                  prefill=steadiness(False, spread=4.0), before=(1.0, 0.5),
+                  bandwidth_steady=False)
+    items = D09.observations(result, lang)
+    assert flat(items).count(unknown) == 3
+    assert ("repeats varied by up to 4.0×, and this demo's threads waited for a CPU for 160%"
+            if lang == "en" else "相差最多 4.0 倍，本演示的线程等 CPU 的时间是测量时间的 160%") \
+        in items[0]
+    assert ("matmul peak was 140" if lang == "en" else "矩阵乘峰值") in items[0]
+    text = rendered_text(D09, copy.deepcopy(result), lang)
+    assert max(cell_len(line) for line in text.splitlines()) <= 80
+    assert text.count("~") >= 3 + 4 + 1
+
+
+# ---------------------------------------------------------------- the timing code, on a tiny model
+
+class Words:
+    """A stand-in tokenizer: any text is 300 token ids below the vocabulary size."""
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def encode(self, text):
+        return [int(i) for i in np.arange(300) * 7 % self.vocab]
+
+
+def test_the_decoder_is_greedy_decoding_and_rewinds_when_full():
+    from transformer_lab import generate
+    cfg = TINY.replace(dtype=np.float32)
+    params = init_params(cfg, seed=9)
+    tokens = np.random.default_rng(9).integers(0, cfg.vocab, size=(2, 5))
+    dec = D09.Decoder(params, cfg, tokens, room=3)
+    got = [dec.next.copy()]
+    for _ in range(3):
+        dec.step()
+        got.append(dec.next.copy())
+    want = generate(params, cfg, tokens, 4, greedy=True)[:, 5:]
+    np.testing.assert_array_equal(np.stack(got, axis=1), want)
+    assert dec.cache.length == dec.cache.max_len == 8
+    dec.step()  # full: back to the end of the prefill, then one step
+    assert dec.cache.length == 6
+
+
+def decode_plan(decode=False, prefill=False, slow_bandwidth=False):
+    """Scripted timings for decode_part: the "fn" calls are bandwidth and peak before the
+    timing (k = 0, 1) and after it (k = 2, 3)."""
+    def plan(names, k):
+        if names == ("fn",):
+            slow = slow_bandwidth and k == 2
+            return {"fn": jittered(0.06 if slow else 0.02)}
+        if names == ("forward",):
+            return {"forward": jittered(0.3, 3.2 if prefill else 1.05, n=3)}
+        return {B: jittered(s, 3.2 if decode else 1.05, n=6)
+                for B, s in zip(names, (12e-3, 20e-3, 32e-3))}
+    return plan
+
+
+@pytest.mark.parametrize("noisy", ["none", "decode", "everything"])
+def test_decode_part_on_scripted_timings(monkeypatch, noisy):
+    from transformer_lab import measure
+    script = ScriptedTimings(decode_plan(decode=noisy != "none", prefill=noisy == "everything",
+                                         slow_bandwidth=noisy == "everything"))
+    monkeypatch.setattr(measure, "run_side_by_side", script)
+    cfg = TINY.replace(dtype=np.float32, max_seq=128)
+    params = init_params(cfg, seed=9)
+    budget = measure.Budget(D09.QUICK_BUDGET_S)
+    dec = D09.decode_part(params, cfg, Words(cfg.vocab), True, budget)
+    assert [b["batch"] for b in dec["batches"]] == [1, 4, 8]
+    one = dec["batches"][0]
+    assert one["median_s"] == statistics.median(jittered(12e-3, 3.2 if noisy != "none" else 1.05,
+                                                         n=6))
+    assert one["tokens_per_s"] == 1 / one["median_s"]
+    assert dec["prefill"]["tokens"] == D09.QUICK_TOKENS
+    assert dec["timing"]["steady"] == (noisy == "none")
+    assert dec["prefill"]["steady"] == (noisy != "everything")
+    assert [c["changed"] for c in dec["speed_checks"]] == [noisy == "everything", False]
+    if noisy != "none":  # re-measured while another attempt fitted in the --quick budget
+        assert dec["timing"]["attempts"] > 1 and 0 < budget.spent <= D09.QUICK_BUDGET_S
+    heads = fake()["heads"]
+    v = D09.verdicts(heads, dec)
+    assert (v["bound"] is None) == (noisy != "none")
+    assert (v["batch_gain"] is None) == (noisy != "none")

@@ -8,7 +8,8 @@ import sys
 import pytest
 from rich.cells import cell_len
 
-from demo_helpers import ROOT, load_demos, rendered_text
+import console
+from demo_helpers import ROOT, load_demos, quick_result, rendered_text
 
 DEMOS = load_demos()
 ANSI = re.compile(r"\x1b\[")
@@ -23,7 +24,7 @@ def run(*args, env=None, **kwargs):
 
 @pytest.fixture(scope="module")
 def quick_results():
-    return {d.NUMBER: d.compute(quick=True) for d in DEMOS}
+    return {d.NUMBER: quick_result(d.NUMBER) for d in DEMOS}
 
 
 @pytest.mark.parametrize("demo", DEMOS, ids=lambda d: f"{d.NUMBER:02d}")
@@ -57,12 +58,15 @@ def test_single_demo_runs_as_a_script_and_pipes_plain_text():
 
 
 def test_run_all_quick_piped_has_no_ansi_in_either_language():
-    for lang in ("zh", "en"):
-        out = run("run_all.py", "--quick", "--lang", lang)
+    # Every demo once, in the default language; English on two demos (each demo's English
+    # text is rendered in-process above, so a second full run would add only minutes).
+    for lang, only in (("zh", None), ("en", (1, 3))):
+        out = run("run_all.py", "--quick", "--lang", lang,
+                  *(("--only", ",".join(map(str, only))) if only else ()))
         assert out.returncode == 0, out.stderr
         assert not ANSI.search(out.stdout)
         for demo in DEMOS:
-            assert demo.TITLE[lang] in out.stdout
+            assert (demo.TITLE[lang] in out.stdout) == (only is None or demo.NUMBER in only)
 
 
 def test_no_color_on_a_forced_terminal_has_no_ansi():
@@ -72,11 +76,12 @@ def test_no_color_on_a_forced_terminal_has_no_ansi():
     assert not ANSI.search(out.stdout)
 
 
-def test_run_all_json_parses_and_holds_every_demo():
-    out = run("run_all.py", "--quick", "--json")
+def test_run_all_json_parses_and_holds_the_chosen_demos():
+    # Every demo's result is checked to be JSON in-process above; here the whole document.
+    out = run("run_all.py", "--quick", "--json", "--only", "1,3,7")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert sorted(data["demos"]) == [f"{d.NUMBER:02d}" for d in DEMOS]
+    assert sorted(data["demos"]) == ["01", "03", "07"]
     for entry in data["demos"].values():
         assert entry["result"]
 
@@ -136,3 +141,102 @@ def test_pause_is_ignored_without_a_terminal():
 def test_readme_quick_start_runs_run_all():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "python run_all.py" in readme
+
+
+# ---------------------------------------------------------------- exports for slides
+
+def _bad_export_paths(tmp_path):
+    (tmp_path / "x.svg").mkdir()
+    return [("/nonexistent/x.svg", "does not exist"), ("/proc/x.svg", "cannot write"),
+            (str(tmp_path / "x.svg"), "is a directory")]
+
+
+@pytest.mark.parametrize("script", ["run_all.py", "demos/03_causal_mask.py"])
+def test_bad_export_paths_are_checked_before_any_demo_runs(tmp_path, script):
+    for path, problem in _bad_export_paths(tmp_path):
+        out = run(script, "--lang", "en", "--export", path)
+        assert out.returncode == 2, (path, out.stderr)
+        assert problem in out.stderr and path in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stdout == "", "nothing ran"
+
+
+def test_bad_export_dir_is_checked_before_any_demo_runs(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for path, problem in [(str(tmp_path / "file"), "not a directory"), ("/proc/slides", "cannot write")]:
+        out = run("run_all.py", "--export-dir", path)
+        assert out.returncode == 2 and problem in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["--export", "j.svg"], ["--export-dir", "slides"]])
+def test_json_with_an_export_exits_2_naming_the_conflict(tmp_path, args):
+    out = subprocess.run([sys.executable, str(ROOT / "run_all.py"), "--json", *args], cwd=tmp_path,
+                         capture_output=True, text=True, encoding="utf-8", env=ENV, timeout=120)
+    assert out.returncode == 2
+    assert "--json" in out.stderr and args[0] in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == [], "nothing written"
+    out = run("demos/01_soft_lookup.py", "--json", "--export", str(tmp_path / "j.svg"))
+    assert out.returncode == 2 and "--json" in out.stderr and "--export" in out.stderr
+
+
+def test_export_dir_writes_one_file_per_demo(tmp_path):
+    out = run("run_all.py", "--quick", "--only", "1,3", "--export-dir", str(tmp_path / "slides"))
+    assert out.returncode == 0, out.stderr
+    files = sorted(p.name for p in (tmp_path / "slides").iterdir())
+    assert files == ["01_soft_lookup.svg", "03_causal_mask.svg"]
+    first = (tmp_path / "slides" / "01_soft_lookup.svg").read_text(encoding="utf-8")
+    third = (tmp_path / "slides" / "03_causal_mask.svg").read_text(encoding="utf-8")
+    first, third = (text.replace("&#160;", " ") for text in (first, third))
+    titles = {d.NUMBER: f"{d.NUMBER:02d} · {d.TITLE['zh']}" for d in DEMOS}
+    assert titles[1] in first and titles[3] not in first
+    assert titles[3] in third and titles[1] not in third
+
+
+def test_a_demo_script_exports_too(tmp_path):
+    path = tmp_path / "03.html"
+    out = run("demos/03_causal_mask.py", "--quick", "--export", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "width:2ch" in path.read_text(encoding="utf-8")
+
+
+def test_columns_zero_still_prints_at_a_sane_width():
+    out = run("demos/01_soft_lookup.py", "--lang", "en", env={**ENV, "COLUMNS": "0"})
+    assert out.returncode == 0 and "Observations" in out.stdout
+    assert max(cell_len(line) for line in out.stdout.splitlines()) == 80
+    out = run("demos/01_soft_lookup.py", "--lang", "en", env={**ENV, "COLUMNS": "3"})
+    assert out.returncode == 0 and "Observations" in out.stdout
+    assert max(cell_len(line) for line in out.stdout.splitlines()) <= 20
+
+
+# ---------------------------------------------------------------- notebooks
+
+def test_run_demo_outside_jupyter_prints_and_returns_none(capsys):
+    import run_all
+    console.reset_console(width=80, color_system=None, force_terminal=False)
+    assert run_all.run_demo(1, lang="en", quick=True) is None
+    assert "Observations" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="valid demos"):
+        run_all.run_demo(99)
+    with pytest.raises(ValueError, match="zh, en"):
+        run_all.run_demo(1, lang="fr")
+
+
+def test_run_demo_in_jupyter_displays_one_coloured_html_output(monkeypatch, capsys):
+    import types
+    import rich.console
+    import run_all
+    shown = []
+    fake = types.ModuleType("IPython.display")
+    fake.display = lambda obj, raw=False: shown.append((obj, raw))
+    monkeypatch.setitem(sys.modules, "IPython", types.ModuleType("IPython"))
+    monkeypatch.setitem(sys.modules, "IPython.display", fake)
+    monkeypatch.setattr(rich.console, "_is_jupyter", lambda: True)
+    assert run_all.run_demo(3, lang="en", quick=True) is None
+    assert capsys.readouterr().out == "", "nothing printed outside the one output"
+    assert len(shown) == 1
+    bundle, raw = shown[0]
+    assert raw and set(bundle) == {"text/html", "text/plain"}
+    assert "background-color: #" in bundle["text/html"] and "\x1b[" not in bundle["text/html"]
+    assert "Observations" in bundle["text/plain"] and "\x1b[" not in bundle["text/plain"]

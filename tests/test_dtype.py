@@ -1,4 +1,5 @@
-"""Dtype discipline: a float32 model stays float32 through forward, the KV cache and generate.
+"""Dtype discipline: a float32 model stays float32 through forward, the KV cache, generate
+and the backward (loss_and_grads).
 
 The detector: the params become views of `Spy`, an ndarray subclass that logs the
 dtypes of the inputs and outputs of every ufunc (np.matmul and `@` included) and
@@ -21,10 +22,12 @@ import pytest
 
 import transformer_lab
 import transformer_lab.attention
+import transformer_lab.backward
 import transformer_lab.model
 import transformer_lab.ops
 import transformer_lab.positions
-from transformer_lab import KVCache, forward, generate, init_params, llama_config, named_params
+from transformer_lab import (KVCache, forward, generate, gpt2_config, init_params, llama_config,
+                             loss_and_grads, named_params)
 
 CFG = llama_config(vocab=48, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
                    max_seq=32, dtype=np.float32)
@@ -203,3 +206,55 @@ def test_detector_catches_float64_inside_attention(spy, monkeypatch):
     logits = transformer_lab.model.forward(_params(), CFG, _tokens())
     assert logits.dtype == np.float32
     assert any(name == "matmul" for name, _, _ in offenders(spy))
+
+
+# ------------------------------------------------------------------ the backward
+
+@pytest.fixture
+def spy_backward(monkeypatch):
+    """Record everything inside loss_and_grads: its forward, the loss and every backward."""
+    proxy = _numpy_keeping_subclasses()
+    for module in (transformer_lab.attention, transformer_lab.model, transformer_lab.ops,
+                   transformer_lab.positions, transformer_lab.backward):
+        monkeypatch.setattr(module, "np", proxy)
+    log = Log()
+    Spy.log = log
+    yield log
+    Spy.log = None
+
+
+BACKWARD_CFGS = [
+    CFG,
+    gpt2_config(vocab=48, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq=32, dtype=np.float32),
+    CFG.replace(norm="layer", mlp="gelu_tanh", pos="sinusoidal", bias=True),
+    CFG.replace(mlp="none"),
+]
+
+
+@pytest.mark.parametrize("cfg", BACKWARD_CFGS, ids=["llama", "gpt2", "gelu_tanh-sinusoidal",
+                                                    "attention-only"])
+def test_backward_stays_float32(spy_backward, cfg):
+    params = spy_params(init_params(cfg, seed=0))
+    tokens = _tokens()
+    targets = np.roll(tokens, -1, axis=1)
+    targets[:, :2] = -1
+    loss, grads = loss_and_grads(params, cfg, tokens, targets)
+    assert isinstance(loss, float)
+    assert [(name, g.dtype) for name, g in named_params(grads)] == \
+        [(name, np.dtype(np.float32)) for name, _ in named_params(params)]
+    names = {name for name, _, _ in spy_backward}
+    # The embedding's scatter-add and the attention backward's einsum were observed.
+    assert {"add.at", "einsum", "matmul"} <= names
+    assert offenders(spy_backward) == []
+
+
+def test_detector_catches_float64_in_the_backward(spy_backward, monkeypatch):
+    real = transformer_lab.backward.silu_backward
+
+    def silu_backward_with_float64_scalar(dout, x):
+        return (real(dout, x) * np.float64(1.0)).astype(np.float32)  # hidden downstream
+
+    monkeypatch.setattr(transformer_lab.backward, "silu_backward", silu_backward_with_float64_scalar)
+    _, grads = loss_and_grads(spy_params(init_params(CFG, seed=0)), CFG, _tokens(), _tokens(seed=1))
+    assert grads["blocks"][0]["mlp"]["w_gate"].dtype == np.float32
+    assert any(name == "multiply" for name, _, _ in offenders(spy_backward))

@@ -135,6 +135,36 @@ def test_offset_plus_t_exceeds_s():
         attention_core(q, k, v, -1)
 
 
+@pytest.mark.parametrize("fn", ["core", "weights"])
+@pytest.mark.parametrize("bad", [0.7, 2.0, "1", None, np.float64(1.0)])
+def test_offset_must_be_an_integer(fn, bad):
+    q, k, v = qkv(T=2, S=4)
+    call = (lambda: attention_core(q, k, v, bad)) if fn == "core" else (
+        lambda: attention_weights(q, k, bad))
+    with pytest.raises(ValueError, match=r"offset must be an integer .*got " + repr(bad)[:3]):
+        call()
+    # NumPy integers, as a cache might hold, are integers.
+    attention_core(q, k, v, np.int64(2))
+
+
+def test_zero_kv_heads():
+    q, k, v = qkv(H=4, G=0)
+    with pytest.raises(ValueError, match=r"G=0 K/V heads"):
+        attention_core(q, k, v)
+    with pytest.raises(ValueError, match=r"G=0 K/V heads"):
+        attention_weights(q, k)
+
+
+def test_no_keys_without_the_causal_mask():
+    q, k, v = qkv(T=3, S=0)
+    with pytest.raises(ValueError, match=r"S=0 keys.*at least one key"):
+        attention_core(q, k, v, causal=False)
+    with pytest.raises(ValueError, match=r"S=0 keys"):
+        attention_weights(q, k, causal=False)
+    with pytest.raises(ValueError, match=r"exceeds S = 0"):  # with the mask: the offset check
+        attention_core(q, k, v)
+
+
 # ------------------------------------------------------------------ rope
 
 @pytest.mark.parametrize("D", [3, 7, 1, 0])

@@ -72,6 +72,31 @@ def test_tied_without_bias_has_empty_lm_head():
     assert "pos_emb" in params
 
 
+def test_attention_only_blocks_have_no_mlp_or_mlp_norm():
+    cfg = TINY.replace(mlp="none")
+    block = param_shapes(cfg)["blocks"][0]
+    assert set(block) == {"attn_norm", "attn"}
+    params = init_params(cfg, seed=0)
+    check_params(params, cfg)
+    assert forward(params, cfg, tokens_for(cfg, 2, 5, seed=0)).shape == (2, 5, cfg.vocab)
+
+
+@pytest.mark.parametrize("base", [TINY, TINY_GPT2], ids=["llama", "gpt2"])
+def test_attention_only_model_equals_mlp_that_writes_zero(base):
+    # An MLP whose down projection (and bias) is zero adds nothing to the stream,
+    # so it must give the attention-only model's logits exactly.
+    with_mlp = init_params(base, seed=4)
+    for blk in with_mlp["blocks"]:
+        blk["mlp"]["w_down"][:] = 0.0
+        if "b_down" in blk["mlp"]:
+            blk["mlp"]["b_down"][:] = 0.0
+    cfg = base.replace(mlp="none")
+    attn_only = dict(with_mlp, blocks=[{"attn_norm": b["attn_norm"], "attn": b["attn"]}
+                                       for b in with_mlp["blocks"]])
+    tokens = tokens_for(cfg, 2, 7, seed=1)
+    np.testing.assert_array_equal(forward(attn_only, cfg, tokens), forward(with_mlp, base, tokens))
+
+
 INIT_CFGS = [
     gpt2_config(vocab=512, d_model=256, n_heads=4, n_layers=3, d_ff=512, max_seq=256,
                 tie_embeddings=False, dtype=np.float64),
@@ -469,6 +494,19 @@ def test_loss_equals_hand_computed_cross_entropy(cfg):
     got = loss(params, cfg, toks, targets)
     assert isinstance(got, float)
     assert got == pytest.approx(ref_loss(forward(params, cfg, toks), targets), abs=1e-12)
+
+
+def test_loss_skips_ignored_targets():
+    params = init_params(TINY, seed=31)
+    toks = tokens_for(TINY, 2, 6, 32)
+    targets = tokens_for(TINY, 2, 6, 33)
+    targets[0, :4] = -1  # a prompt: no loss on these positions
+    keep = targets != -1
+    logits = forward(params, TINY, toks)
+    want = ref_loss(logits[keep][None], targets[keep][None])  # the 8 kept positions only
+    assert loss(params, TINY, toks, targets) == pytest.approx(want, abs=1e-12)
+    with pytest.raises(ValueError, match=r"every target is -1"):
+        loss(params, TINY, toks, np.full_like(targets, -1))
 
 
 def test_loss_of_uniform_logits_is_log_vocab():

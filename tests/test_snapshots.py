@@ -260,3 +260,69 @@ def test_cached_forward_in_chunks_matches_torch(name):
     for i in range(split, tokens.shape[1]):
         parts.append(tl.forward(params, cfg, tokens[:, i:i + 1], cache=cache))
     check_relative(np.concatenate(parts, axis=1), s["logits"], TOL_FORWARD, f"{name} cached logits")
+
+
+# ---------------------------------------------------------------- gradients
+# loss_and_grads against torch autograd (grads.npz): mean cross-entropy with ignored
+# targets, for every weight. The error of a parameter's gradient is its largest
+# absolute difference relative to that gradient's largest entry, or to 1e-3 of the
+# model's largest gradient entry if that is more: without RoPE the gradient of bk is
+# exactly zero (a bias on k adds the same q . bk to all of a query's scores, which the
+# softmax ignores), so both sides hold only rounding noise there.
+
+TOL_GRAD_F64 = 1e-9          # Llama and GPT-2 (its GELU exact to float64) [1.1e-15]
+TOL_GRAD_F32 = 3e-3          # float32 against torch's float64 [6.2e-7]
+
+
+def load_grads(name, dtype=np.float64):
+    snap = {k[len(name) + 1:]: v for k, v in load("grads").items() if k.startswith(name + "/")}
+    fields = json.loads(str(snap.pop("config")))
+    fields["dtype"] = np.dtype(dtype)
+    cfg = tl.Config(**fields)
+    tokens, targets, loss = snap.pop("tokens"), snap.pop("targets"), float(snap.pop("loss"))
+    want = unflatten({k[5:]: v for k, v in snap.items() if k.startswith("grad/")})
+    params = unflatten({k: v.astype(dtype) for k, v in snap.items() if not k.startswith("grad/")})
+    tl.check_params(params, cfg)
+    return cfg, params, tokens, targets, loss, want
+
+
+def grad_errors(grads, want):
+    """{name: max |ours - torch| / max |torch|} for every parameter; the same names required."""
+    got, ref = dict(tl.named_params(grads)), dict(tl.named_params(want))
+    assert got.keys() == ref.keys()
+    floor = 1e-3 * max(float(np.max(np.abs(r))) for r in ref.values())
+    return {k: max_err(got[k], ref[k]) / max(float(np.max(np.abs(ref[k]))), floor) for k in ref}
+
+
+def test_grads_snapshots_have_the_intended_shape():
+    gpt2, _, _, targets, _, _ = load_grads("gpt2")
+    assert (gpt2.norm, gpt2.mlp, gpt2.pos, gpt2.bias, gpt2.tie_embeddings) == \
+        ("layer", "gelu", "learned", True, True)
+    llama = load_grads("llama")[0]
+    assert (llama.norm, llama.mlp, llama.pos, llama.bias, llama.tie_embeddings) == \
+        ("rms", "swiglu", "rope", False, False)
+    assert llama.n_kv_heads < llama.n_heads
+    assert (targets == -1).any() and (targets != -1).any()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_grads_match_torch_autograd(name):
+    # The library's GELU and its backward are exact to float64 rounding (Cody's erfc),
+    # so nothing is swapped in for GPT-2.
+    cfg, params, tokens, targets, want_loss, want = load_grads(name)
+    loss, grads = tl.loss_and_grads(params, cfg, tokens, targets)
+    assert loss == pytest.approx(want_loss, rel=1e-13)
+    errors = grad_errors(grads, want)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= TOL_GRAD_F64, (worst, errors[worst])
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_float32_grads_match_torch_autograd(name):
+    cfg, params, tokens, targets, want_loss, want = load_grads(name, np.float32)
+    loss, grads = tl.loss_and_grads(params, cfg, tokens, targets)
+    assert loss == pytest.approx(want_loss, rel=1e-5)
+    assert all(g.dtype == np.float32 for _, g in tl.named_params(grads))
+    errors = grad_errors(grads, want)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= TOL_GRAD_F32, (worst, errors[worst])

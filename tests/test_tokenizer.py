@@ -5,13 +5,20 @@ few merges; the real one (tested when the default model is installed) must
 give the ids the model was trained with.
 """
 import codecs
+import random
+import sys
+import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+import transformer_lab.tokenizer as tokenizer_module
 from transformer_lab import BPETokenizer
 from transformer_lab.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, CONTROL, NORMAL, USER_DEFINED,
-                                       bytes_to_unicode, split_gpt2, split_smollm)
+                                       TokenizerWarning, bytes_to_unicode, split_gpt2,
+                                       split_smollm)
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["h e", "l l", "he ll", "hell o", "Ġ t", "Ġt he", "i n", "in g"]
@@ -149,6 +156,15 @@ def test_bad_construction(args, kwargs, problem):
         BPETokenizer(*args, **kwargs)
 
 
+def test_decode_of_a_string_names_the_argument(tok):
+    with pytest.raises(ValueError, match="decode expects a sequence of token ids, got str '12'"):
+        tok.decode("12")
+    with pytest.raises(ValueError, match="decode expects a sequence of token ids, got bytes"):
+        tok.decode(b"12")
+    with pytest.raises(ValueError, match=r"decode expects a 1-D sequence .* shape \(1, 2\)"):
+        tok.decode(np.array([[5, 6]]))
+
+
 def test_bad_ids_and_inputs(tok):
     with pytest.raises(ValueError, match=r"token id 267 is out of range \[0, 267\)"):
         tok.decode([5, 267])
@@ -202,3 +218,228 @@ def test_real_tokenizer_specials(real_tok):
     assert real_tok.pre == "smollm"
     assert real_tok.token_to_id("<|im_start|>") == 1 and real_tok.token_to_id("<|im_end|>") == 2
     assert real_tok.eos_id == 2 and len(real_tok.special_tokens) == 17
+
+
+# ---------------------------------------------------------------- merge order and linear time
+
+def reference_bpe(ranks, spelled):
+    """The plain rescanning loop: find the lowest-ranked adjacent pair, merge it
+    everywhere left to right, look again. Quadratic, but obviously BPE."""
+    symbols = list(spelled)
+    while len(symbols) > 1:
+        best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, sys.maxsize))
+        if best not in ranks:
+            break
+        merged, i = [], 0
+        while i < len(symbols):
+            if symbols[i:i + 2] == list(best):
+                merged.append(best[0] + best[1])
+                i += 2
+            else:
+                merged.append(symbols[i])
+                i += 1
+        symbols = merged
+    return symbols
+
+
+@st.composite
+def merge_cases(draw):
+    """Merges over a small alphabet in any order (even before their parts exist), and a word."""
+    alphabet = draw(st.sampled_from(["a", "ab", "abc"]))
+    symbols, merges = list(alphabet), []
+    for _ in range(draw(st.integers(1, 20))):
+        left, right = draw(st.sampled_from(symbols)), draw(st.sampled_from(symbols))
+        merges.append(f"{left} {right}")
+        symbols.append(left + right)
+    order = draw(st.permutations(range(len(merges))))
+    word = draw(st.text(alphabet=alphabet, max_size=60))
+    return [merges[i] for i in order], word
+
+
+@given(merge_cases())
+def test_heap_bpe_merges_like_the_rescanning_loop(case):
+    merges, word = case
+    tok = BPETokenizer(list(BYTE_TO_CHAR.values()), merges)
+    assert tok._bpe(word) == reference_bpe(tok._ranks, word)
+
+
+class CountingRanks(dict):
+    """The merge ranks, counting every lookup: the work BPE does per pair it looks at."""
+    lookups = 0
+
+    def get(self, key, default=None):
+        self.lookups += 1
+        return super().get(key, default)
+
+
+def bpe_work(tok, monkeypatch, run):
+    """(rank lookups, heap pushes and pops) that run() spends in `tok`, from an empty cache."""
+    ranks = CountingRanks(tok._ranks)
+    monkeypatch.setattr(tok, "_ranks", ranks)
+    monkeypatch.setattr(tok, "_cache", {})
+    heap_ops = [0]
+
+    def counted(fn):
+        def wrapper(*args):
+            heap_ops[0] += 1
+            return fn(*args)
+        return wrapper
+
+    monkeypatch.setattr(tokenizer_module, "heappush", counted(tokenizer_module.heappush))
+    monkeypatch.setattr(tokenizer_module, "heappop", counted(tokenizer_module.heappop))
+    run()
+    monkeypatch.undo()
+    return ranks.lookups, heap_ops[0]
+
+
+def assert_linear(tok, monkeypatch, make_text, n=2000, encode=True):
+    """4x the characters costs at most about 4x the rank lookups and heap operations (the
+    rescanning loop costs up to 16x); the counts are exact, so nothing is timed."""
+    def work(text):
+        return bpe_work(tok, monkeypatch, lambda: tok.encode(text) if encode else tok._bpe(text))
+
+    small, large = work(make_text(n)), work(make_text(4 * n))
+    assert small[0] >= n / 2, f"only {small[0]} rank lookups for {n} characters"
+    for name, a, b in zip(("rank lookups", "heap operations"), small, large):
+        assert b <= 4.4 * a + 100, f"{name}: {a} for {n} characters but {b} for {4 * n}"
+    return small, large
+
+
+def pairs_word_tokenizer(n):
+    """A word of n distinct characters whose adjacent pairs (0, 1), (2, 3), ... each have
+    their own rank, so the rescanning loop makes n / 2 passes over the whole word."""
+    chars = [chr(0x4E00 + i) for i in range(n)]
+    merges = [f"{chars[i]} {chars[i + 1]}" for i in range(0, n - 1, 2)]
+    return BPETokenizer(list(BYTE_TO_CHAR.values()), merges), "".join(chars)
+
+
+def test_merging_a_long_word_costs_linear_work(monkeypatch):
+    tok, word = pairs_word_tokenizer(8000)
+    small, large = assert_linear(tok, monkeypatch, lambda n: word[:n], encode=False)
+    assert small[1] >= 1000  # the 1000 merges of 2000 characters, each a heap pop at least
+    doubling = ["a b", "ab ab", "abab abab", "abababab abababab", "a a", "b b", "aa aa"]
+    tokens = list(BYTE_TO_CHAR.values()) + [m.replace(" ", "") for m in doubling]
+    tok = BPETokenizer(tokens, doubling)
+    rng = random.Random(0)
+    assert_linear(tok, monkeypatch, lambda n: "ab" * (n // 2))
+    assert_linear(tok, monkeypatch, lambda n: "".join(rng.choice("ab") for _ in range(n)))
+
+
+def test_the_rescanning_loop_would_fail_the_linear_test():
+    """The test can tell: the reference loop does about 16x the lookups on 4x the word."""
+    tok, word = pairs_word_tokenizer(1200)
+    counts = []
+    for n in (300, 1200):  # smaller than above: the loop really is quadratic
+        ranks = CountingRanks(tok._ranks)
+        reference_bpe(ranks, word[:n])
+        counts.append(ranks.lookups)
+    assert counts[1] > 10 * counts[0]
+
+
+def test_lone_surrogates_become_u_fffd_with_a_warning(tok):
+    with pytest.warns(TokenizerWarning, match="replaced 1 lone surrogate .* with U\\+FFFD"):
+        ids = tok.encode("x\ud800y")
+    assert ids == tok.encode("x\ufffdy")
+    assert tok.decode(ids) == "x\ufffdy"
+    # What Python makes of the undecodable bytes b"\xff\xfe" in sys.argv.
+    with pytest.warns(TokenizerWarning, match="2 lone surrogates"):
+        assert tok.decode(tok.encode("\udcff\udcfe bad")) == "\ufffd\ufffd bad"
+
+
+def test_dropped_bytes_warn_once_per_call():
+    tokens = [t for t in TOKENS if t != BYTE_TO_CHAR[0x04]]
+    tok = BPETokenizer(tokens, MERGES, [NORMAL] * len(tokens))
+    assert tok.missing_bytes == b"\x04"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ids = tok.encode("a\x04b\x04c hello\x04")
+    assert [w.category for w in caught] == [TokenizerWarning]
+    message = str(caught[0].message)
+    assert "from 1 character (U+0004)" in message and "will not decode back" in message
+    assert caught[0].filename == __file__  # it points at the caller's line
+    assert tok.decode(ids) == "abc hello"
+    # Cached words warn again: the warning is about this call's text.
+    with pytest.warns(TokenizerWarning):
+        tok.encode("a\x04b")
+
+
+def test_text_that_round_trips_does_not_warn(tok):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for text in ROUND_TRIPS.values():
+            tok.encode(text)
+
+
+def test_long_inputs_of_every_kind_round_trip(tok):
+    rng = random.Random(1)
+    for text in ["ab" * 20000, "你好世界" * 5000, "😀" * 10000, " " * 20000, "!?" * 10000,
+                 "".join(rng.choice("abcdefg ") for _ in range(20000))]:
+        assert tok.decode(tok.encode(text)) == text
+
+
+# ---------------------------------------------------------------- the real tokenizer: edges
+
+# The byte values the module docstring says SmolLM2's vocabulary has no token for.
+DOCUMENTED_MISSING = bytes([0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2,
+                            *range(0xF5, 0x100)])
+
+
+def test_real_vocabulary_lacks_exactly_the_documented_bytes(real_tok):
+    assert real_tok.missing_bytes == DOCUMENTED_MISSING
+    assert len(DOCUMENTED_MISSING) == 21
+    doc = tokenizer_module.__doc__
+    for b in DOCUMENTED_MISSING[:10]:
+        assert f"0x{b:02X}" in doc
+    assert "0xF5-0xFF" in doc
+
+
+@pytest.mark.parametrize("char", ["\x04", "\x06", "\x13", "\x14", "\x16", "\x1d"])
+def test_real_tokenizer_drops_the_documented_control_characters(real_tok, char):
+    with pytest.warns(TokenizerWarning, match=f"U\\+{ord(char):04X}"):
+        assert real_tok.decode(real_tok.encode(f"a{char}b")) == "ab"
+
+
+@pytest.mark.parametrize("cp", [0x40000, 0x7FFFF, 0x80000, 0xBFFFF])
+def test_real_tokenizer_planes_4_to_11_decode_to_replacement_characters(real_tok, cp):
+    with pytest.warns(TokenizerWarning, match=f"U\\+{cp:04X}"):
+        assert real_tok.decode(real_tok.encode(f"a{chr(cp)}b")) == "a" + "\ufffd" * 3 + "b"
+
+
+def test_real_tokenizer_round_trips_every_other_kind_of_character(real_tok):
+    # One character per UTF-8 lead byte that valid text can start with, at both ends of its
+    # range, apart from the documented ones: these are all the byte patterns text can have.
+    dropped = {0x04, 0x06, 0x13, 0x14, 0x16, 0x1D}
+    chars = [chr(c) for c in range(0x80) if c not in dropped]
+    # (first, last code point, code points per lead byte) for leads 0xC2-0xDF, 0xE0-0xEF,
+    # 0xF0, 0xF3 and 0xF4.
+    for first, last, step in ((0x80, 0x7FF, 0x40), (0x800, 0xFFFF, 0x1000),
+                              (0x10000, 0x3FFFF, 0x30000), (0xC0000, 0x10FFFF, 0x40000)):
+        for start in range(first, last + 1, step):
+            end = min(start + step - 1, last)
+            chars += [chr(c) for c in (start, end) if not 0xD800 <= c <= 0xDFFF]
+    text = "".join(chars)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert real_tok.decode(real_tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("kind", ["ascii blob", "cjk blob", "spaces", "emoji"])
+def test_real_tokenizer_costs_linear_work(real_tok, monkeypatch, kind):
+    rng = random.Random(2)
+    make = {"ascii blob": lambda n: "".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
+                                            for _ in range(n)),
+            "cjk blob": lambda n: "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(n)),
+            "spaces": lambda n: " " * n,
+            "emoji": lambda n: "".join(rng.choice("😀👍🍕🎉") for _ in range(n))}[kind]
+    assert_linear(real_tok, monkeypatch, make)
+
+
+def test_real_tokenizer_matches_the_rescanning_loop(real_tok):
+    rng = random.Random(3)
+    pools = ["abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJ0123456789 ", "北京是中国的首都你好世界",
+             "éèàçñöüßæøå", "!?.,;:'\"()[]{}-_=+*", " \n\t\u00a0\u3000x", "😀👍🏽🍕🇫🇷"]
+    for _ in range(300):
+        pool = rng.choice(pools)
+        word = "".join(rng.choice(pool) for _ in range(rng.randint(1, 80)))
+        spelled = "".join(BYTE_TO_CHAR[b] for b in word.encode("utf-8"))
+        assert real_tok._bpe(spelled) == reference_bpe(real_tok._ranks, spelled), word

@@ -1,12 +1,19 @@
 """transformer_lab: a small, readable, pure-NumPy transformer for teaching and measuring."""
-from .attention import attention_core, attention_reference, attention_weights, causal_mask
+from .attention import (attention_core, attention_core_backward, attention_reference,
+                        attention_weights, causal_mask)
+from .backward import loss_and_grads
 from .cache import KVCache
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .gguf_loader import find_model, load_gguf
 from .model import (check_params, check_tokens, forward, generate, generate_stream, init_params,
                     loss, named_params, pack_weights, param_shapes, sample_next)
-from .ops import erf, gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
-from .positions import apply_rope, rope_angles, sinusoidal_pe
+from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backward, gelu_tanh,
+                  gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
+                  rms_norm_backward, silu, silu_backward, softmax)
+from .optim import AdamW, clip_grad_norm, cosine_lr
+from .positions import apply_rope, apply_rope_backward, rope_angles, sinusoidal_pe
+from .tasks import TASKS, Task, get_task
 from .tokenizer import BPETokenizer
 
 __version__ = "0.1.0"
@@ -14,10 +21,13 @@ __version__ = "0.1.0"
 __all__ = [
     "Config", "TINY", "TINY_GPT2", "gpt2_config", "llama_config",
     "init_params", "param_shapes", "named_params", "check_params", "check_tokens", "pack_weights",
-    "forward", "loss",
-    "generate", "generate_stream", "sample_next", "KVCache",
+    "forward", "loss", "generate", "generate_stream", "sample_next", "KVCache", "loss_and_grads",
     "attention_core", "attention_reference", "attention_weights", "causal_mask",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
-    "sinusoidal_pe", "rope_angles", "apply_rope",
+    "sinusoidal_pe", "rope_angles", "apply_rope", "cross_entropy",
+    "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",
+    "apply_rope_backward", "attention_core_backward", "cross_entropy_backward",
     "load_gguf", "find_model", "BPETokenizer",
+    "AdamW", "clip_grad_norm", "cosine_lr", "save_checkpoint", "load_checkpoint",
+    "TASKS", "Task", "get_task",
 ]

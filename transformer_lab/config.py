@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 NORMS = ("rms", "layer")
-MLPS = ("swiglu", "gelu", "gelu_tanh")
+MLPS = ("swiglu", "gelu", "gelu_tanh", "none")  # "none": attention-only blocks
 POSITIONS = ("rope", "learned", "sinusoidal", "none")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -23,7 +23,7 @@ class Config:
     d_model: int
     n_heads: int
     n_layers: int
-    d_ff: int
+    d_ff: int  # ignored (but still validated) when mlp="none"
     max_seq: int
     n_kv_heads: int | None = None  # None means n_heads: plain multi-head attention
     norm: str = "rms"

@@ -63,6 +63,9 @@ def find_model(path=None) -> Path:
     importing the package (its __init__ needs software this project does not use).
     """
     if path is not None:
+        if not os.fspath(path):  # Path("") would quietly mean ".", the current folder
+            raise ValueError("find_model: the model path is empty (''); give a GGUF file's "
+                             "path, or None for the installed default model")
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such GGUF file")

@@ -15,7 +15,7 @@ import numpy as np
 from .attention import attention_core, attention_weights
 from .cache import KVCache
 from .config import Config
-from .ops import gelu, gelu_tanh, layer_norm, log_softmax, rms_norm, silu, softmax
+from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu, softmax
 from .positions import apply_rope, rope_angles, sinusoidal_pe
 
 
@@ -54,8 +54,14 @@ def _layout(cfg: Config) -> dict:
     layout = {"tok_emb": ((V, d), NORMAL)}
     if cfg.pos == "learned":
         layout["pos_emb"] = ((cfg.max_seq, d), NORMAL)
-    layout["blocks"] = [{"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
-                        for _ in range(cfg.n_layers)]
+
+    def block():
+        # mlp="none" makes an attention-only block: no MLP and no norm in front of it.
+        if cfg.mlp == "none":
+            return {"attn_norm": norm(), "attn": dict(attn)}
+        return {"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
+
+    layout["blocks"] = [block() for _ in range(cfg.n_layers)]
     layout["final_norm"] = norm()
     layout["lm_head"] = head
     return layout
@@ -371,16 +377,21 @@ def mlp(x, m, cfg: Config, *, acts=None, layer=0):
 
 
 def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, acts=None):
-    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x))."""
+    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x)) unless mlp="none"."""
     attn_in = norm(x, p["attn_norm"], cfg)
     mid = x + attention_block(attn_in, p["attn"], cfg, rope=rope, causal=causal, cache=cache,
                               layer=layer, acts=acts)
-    mlp_in = norm(mid, p["mlp_norm"], cfg)
-    out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer)
+    if cfg.mlp == "none":  # attention-only: the stream leaves as it left attention
+        mlp_in, out = None, mid
+    else:
+        mlp_in = norm(mid, p["mlp_norm"], cfg)
+        out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer)
     if acts is not None:
         name = f"blocks[{layer}]."
         acts.update({name + "resid_pre": x, name + "attn_in": attn_in, name + "resid_mid": mid,
-                     name + "mlp_in": mlp_in, name + "resid_post": out})
+                     name + "resid_post": out})
+        if mlp_in is not None:
+            acts[name + "mlp_in"] = mlp_in
     return out
 
 
@@ -415,8 +426,8 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
     are named: "embed"; per layer "blocks[i].resid_pre", ".attn_in", ".attn.q"
     [B,T,H,D], ".attn.k" and ".attn.v" [B,S,G,D] (after RoPE, cached positions
     included), ".attn.out" [B,T,H*D] (before wo), ".resid_mid", ".mlp_in",
-    ".mlp.up", ".mlp.gate" (SwiGLU), ".mlp.hidden" [B,T,d_ff] (into w_down),
-    ".resid_post"; then "final_norm" and "logits". Set acts["patterns"] = True
+    ".mlp.up", ".mlp.gate" (SwiGLU), ".mlp.hidden" [B,T,d_ff] (into w_down) (the
+    ".mlp*" entries only when mlp is not "none"), ".resid_post"; then "final_norm" and "logits". Set acts["patterns"] = True
     before the call to also get the softmax weights "blocks[i].attn.pattern"
     [B,H,T,S], which cost one more pass over the scores. Without acts nothing
     extra is computed or kept.
@@ -465,16 +476,25 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
     return logits
 
 
-def loss(params, cfg: Config, tokens, targets):
-    """Mean cross-entropy of the next-token predictions over all B*T positions."""
-    targets = np.asarray(targets)
-    tokens = np.asarray(tokens)
+def check_targets(targets, tokens, cfg: Config):
+    """Targets are ids in [0, vocab), or -1 for a position the loss ignores, shaped as tokens."""
+    targets, tokens = np.asarray(targets), np.asarray(tokens)
     if targets.shape != tokens.shape:
         raise ValueError(f"targets shape {targets.shape} must equal tokens shape {tokens.shape}")
-    check_tokens(targets, cfg)
+    if targets.size and np.issubdtype(targets.dtype, np.integer):
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < -1 or hi >= cfg.vocab:
+            raise ValueError(f"target {lo if lo < -1 else hi} is out of range: targets are ids in "
+                             f"[0, {cfg.vocab}) for vocab={cfg.vocab}, or -1 to ignore a position")
+    return targets  # dtype and all-ignored are checked by cross_entropy
+
+
+def loss(params, cfg: Config, tokens, targets):
+    """Mean cross-entropy of the next-token predictions over the positions whose target is
+    not -1 (ignored, as a prompt is). All targets -1 is a ValueError."""
+    targets = check_targets(targets, tokens, cfg)
     logits = forward(params, cfg, tokens)  # [B, T, V]
-    logp = log_softmax(logits.reshape(-1, cfg.vocab))  # [B*T, V]
-    return float(-logp[np.arange(logp.shape[0]), targets.reshape(-1)].mean())
+    return cross_entropy(logits, targets)
 
 
 # ---------------------------------------------------------------- generation

@@ -1,7 +1,10 @@
-"""Elementwise and row-wise building blocks: softmax, norms, activations.
+"""Elementwise and row-wise building blocks: softmax, norms, activations, cross-entropy.
 
 Every function keeps the dtype of its input: constants are Python floats,
 which NumPy treats as "weak" and never lets promote a float32 array.
+
+Backwards sit under their forwards, in the llm.c style: `op_backward(dout,
+<what the forward saw>)` returns fresh gradient arrays for the forward's inputs.
 """
 from __future__ import annotations
 
@@ -58,6 +61,53 @@ def _shifted(x, m):
         return x - m
 
 
+IGNORE = -1  # a target of -1 marks a position the loss skips (a prompt, padding)
+
+
+def _check_targets(logits, targets):
+    logits, targets = np.asarray(logits), np.asarray(targets)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets shape {targets.shape} must be logits' shape without the "
+                         f"vocab axis, {logits.shape[:-1]}")
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"targets must be integer ids, got dtype {targets.dtype}")
+    V = logits.shape[-1]
+    if targets.size and (targets.min() < IGNORE or targets.max() >= V):
+        bad = targets.min() if targets.min() < IGNORE else targets.max()
+        raise ValueError(f"target {bad} is out of range: targets are ids in [0, {V}) "
+                         f"or {IGNORE} for an ignored position")
+    keep = targets.reshape(-1) != IGNORE  # [N]
+    if not keep.any():
+        raise ValueError(f"every target is {IGNORE} (ignored): there is no position to average "
+                         f"the loss over")
+    return logits.reshape(-1, V), targets.reshape(-1), keep
+
+
+def cross_entropy(logits, targets):
+    """Mean of -log softmax(logits)[target] over the positions whose target is not -1.
+
+    logits [..., V], targets [...] of ids in [0, V) or -1. A Python float. All
+    targets -1 is a ValueError: a mean over no positions has no value.
+    """
+    logits, targets, keep = _check_targets(logits, targets)
+    logp = log_softmax(logits[keep])  # [N_kept, V]
+    return float(-logp[np.arange(logp.shape[0]), targets[keep]].mean())
+
+
+def cross_entropy_backward(logits, targets, dloss=1.0):
+    """d(cross_entropy)/d(logits), fused: (softmax(logits) - onehot(target)) / N_kept per kept
+    row, zero rows where the target is -1. Returns [..., V] in logits' dtype."""
+    shape = np.shape(logits)
+    logits, targets, keep = _check_targets(logits, targets)
+    rows = np.flatnonzero(keep)
+    dlogits = np.zeros_like(logits)  # [N, V]
+    p = softmax(logits[rows])  # [N_kept, V]
+    p[np.arange(rows.size), targets[rows]] -= 1.0
+    p *= float(dloss) / rows.size
+    dlogits[rows] = p
+    return dlogits.reshape(shape)
+
+
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     """LayerNorm over the last axis: centre, scale to unit variance, then affine."""
     mean = x.mean(axis=-1, keepdims=True)
@@ -71,6 +121,28 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     return out
 
 
+def _sum_rows(a):
+    """Sum over every axis but the last: a parameter's gradient summed over all positions."""
+    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+
+
+def layer_norm_backward(dout, x, weight=None, eps=1e-5):
+    """(dx, dweight, dbias) of layer_norm(x, weight, bias, eps); dweight is None without weight.
+
+    With xhat = (x - mean) * rstd and g = dout * weight, the centring and the
+    scaling each remove one direction from g:
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+    """
+    centred = x - x.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + float(eps))
+    xhat = centred * rstd
+    g = dout if weight is None else dout * weight
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True)
+                 - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    dweight = None if weight is None else _sum_rows(dout * xhat)
+    return dx, dweight, _sum_rows(dout)
+
+
 def rms_norm(x, weight=None, eps=1e-6):
     """RMSNorm over the last axis: no centring, divide by the root mean square."""
     # sum * (1/d) rather than mean(): the same number, without mean()'s Python-level overhead,
@@ -80,6 +152,19 @@ def rms_norm(x, weight=None, eps=1e-6):
     if weight is not None:
         out = out * weight
     return out
+
+
+def rms_norm_backward(dout, x, weight=None, eps=1e-6):
+    """(dx, dweight) of rms_norm(x, weight, eps); dweight is None without weight.
+
+    With xhat = x * rstd and g = dout * weight: dx = rstd * (g - xhat * mean(g * xhat)),
+    as layer_norm's but with no centring term.
+    """
+    rstd = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + float(eps))
+    xhat = x * rstd
+    g = dout if weight is None else dout * weight
+    dx = rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx, (None if weight is None else _sum_rows(dout * xhat))
 
 
 # ---------------------------------------------------------------- erf, erfc, exact GELU
@@ -163,10 +248,14 @@ def _erf_parts(z, exp_neg_z2):
 
 
 def _float64_flat(x):
-    """x as a flat float64 array, and the dtype and shape to give the result back in."""
+    """x as a flat, plain float64 array, and the dtype and shape to give the result back in.
+
+    float32 input is computed in float64 on purpose and rounded once at the end: Cody's
+    approximations evaluated in float32 arithmetic miss exact GELU by up to 8 ulp,
+    against half an ulp this way. Only the result goes back into the float32 path."""
     x = np.asarray(x)
     dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.dtype(np.float64)
-    return x.astype(np.float64).reshape(-1), dtype, x.shape
+    return np.array(x, dtype=np.float64, subok=False).reshape(-1), dtype, x.shape
 
 
 def erf(x):
@@ -208,14 +297,40 @@ def gelu(x):
     phi = np.where(x64 >= 0, 1.0 - 0.5 * erfc_rest, 0.5 * erfc_rest)
     phi[small] = 0.5 + 0.5 * erf_small
     # Where phi underflows to 0 the result is -0, the limit as x -> -inf (x * 0 is NaN there).
-    out = np.full_like(x64, -0.0)
-    np.multiply(x64, phi, out=out, where=phi != 0)
+    with np.errstate(invalid="ignore"):
+        out = np.where(phi == 0, -0.0, x64 * phi)
     return out.astype(dtype, copy=False).reshape(shape)[()]
+
+
+def gelu_backward(dout, x):
+    """dx of gelu: dout * (Phi(x) + x * pdf(x)), pdf(x) = exp(-x^2 / 2) / sqrt(2 pi).
+
+    Phi as gelu computes it (Cody's erfc) and the exact pdf, so this is the
+    gradient of gelu to float64 rounding. Float32 is computed in float64 and rounded.
+    """
+    x64, dtype, shape = _float64_flat(x)
+    ax = np.abs(x64)
+    small, erf_small, erfc_rest = _erf_parts(
+        x64 * 0.7071067811865476, lambda where, _: _exp_neg_square(ax[where], half=True))
+    phi = np.where(x64 >= 0, 1.0 - 0.5 * erfc_rest, 0.5 * erfc_rest)
+    phi[small] = 0.5 + 0.5 * erf_small
+    pdf = 0.3989422804014327 * _exp_neg_square(ax, half=True)  # 1/sqrt(2 pi) * exp(-x^2/2)
+    with np.errstate(invalid="ignore"):  # x * pdf -> 0 as |x| -> inf (inf * 0 is NaN)
+        slope = np.where(pdf == 0, 0.0, x64 * pdf)
+    return dout * (phi + slope).astype(dtype, copy=False).reshape(shape)
 
 
 def gelu_tanh(x):
     """GELU's tanh approximation (GPT-2's original, PyTorch approximate='tanh')."""
     return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x))))
+
+
+def gelu_tanh_backward(dout, x):
+    """dx of gelu_tanh: 0.5 (1 + th) + 0.5 x (1 - th^2) c (1 + 3 * 0.044715 x^2)."""
+    th = np.tanh(0.7978845608028654 * (x + 0.044715 * (x * x * x)))
+    slope = 0.5 * (1.0 + th) + (0.5 * 0.7978845608028654) * x * (1.0 - th * th) \
+        * (1.0 + (3.0 * 0.044715) * (x * x))
+    return dout * slope
 
 
 def silu(x):
@@ -228,3 +343,11 @@ def silu(x):
     x = np.asarray(x)
     with np.errstate(over="ignore"):
         return x / (1.0 + np.exp(-x))
+
+
+def silu_backward(dout, x):
+    """dx of silu: dout * s * (1 + x * (1 - s)), s = sigmoid(x)."""
+    x = np.asarray(x)
+    with np.errstate(over="ignore"):  # exp(-x) = inf gives s = 0, the right limit
+        s = 1.0 / (1.0 + np.exp(-x))
+    return dout * (s * (1.0 + x * (1.0 - s)))

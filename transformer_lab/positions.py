@@ -77,3 +77,8 @@ def apply_rope(x, cos, sin):
     out[..., 0::2] = even * cos - odd * sin
     out[..., 1::2] = even * sin + odd * cos
     return out
+
+
+def apply_rope_backward(dout, cos, sin):
+    """dx of apply_rope: a rotation's transpose is the rotation by minus the angle."""
+    return apply_rope(dout, cos, -np.asarray(sin))

@@ -10,8 +10,22 @@ Encoding runs in three stages:
 3. each word's UTF-8 bytes are spelled with printable characters (the GPT-2
    byte <-> unicode map) and merged pairwise, lowest merge rank first.
 
-Decoding maps every id back to its bytes and decodes the UTF-8. Because stage 3
-works on bytes, any text round-trips, including Chinese and emoji.
+Decoding maps every id back to its bytes and decodes the UTF-8, so text
+round-trips, Chinese and emoji included, exactly when every byte of its UTF-8
+has a token. A byte without one is dropped by encode, which then warns
+(TokenizerWarning, once per call, naming the characters); `missing_bytes`
+lists them. SmolLM2's vocabulary lacks 21 byte values: 0x04, 0x06, 0x13, 0x14,
+0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2 and 0xF5-0xFF. For text that means:
+
+- the control characters U+0004, U+0006, U+0013, U+0014, U+0016 and U+001D
+  are dropped;
+- the code points U+40000-U+BFFFF (planes 4-11, none assigned) lose their
+  first byte, 0xF1 or 0xF2, and decode to three U+FFFD;
+- 0xC0, 0xC1 and 0xF5-0xFF never occur in UTF-8, so nothing else is lost.
+
+A lone surrogate (U+D800-U+DFFF: a str can hold one, UTF-8 cannot, and Python
+makes them from undecodable bytes in sys.argv) is encoded as U+FFFD, with the
+same warning. decode turns bytes that do not form valid UTF-8 into U+FFFD.
 """
 from __future__ import annotations
 
@@ -20,6 +34,8 @@ import itertools
 import re
 import sys
 import unicodedata
+import warnings
+from heapq import heapify, heappop, heappush
 
 # Token types as GGUF records them (tokenizer.ggml.token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -34,6 +50,16 @@ WHITESPACE_RANGES = ((0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x
 # A word's merge results are kept so that frequent words cost one dict lookup;
 # the cap bounds memory in a long chat session.
 BPE_CACHE_LIMIT = 100_000
+
+SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+class TokenizerWarning(UserWarning):
+    """encode changed the text: characters dropped or replaced (they will not round-trip)."""
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -126,6 +152,9 @@ class BPETokenizer:
     token_types: per-token GGUF types; UNKNOWN, CONTROL and USER_DEFINED tokens are
     special: matched whole in the text and decoded as their own text.
     pre: the pre-tokenizer name (see PRE_TOKENIZERS).
+
+    missing_bytes: the byte values with no token of their own, which encode drops
+    (see the module docstring); empty for a vocabulary with all 256.
     """
 
     def __init__(self, tokens, merges, token_types=None, pre="gpt2", *, bos_id=None, eos_id=None):
@@ -163,7 +192,8 @@ class BPETokenizer:
         self._special_pattern = (re.compile("|".join(map(re.escape, alternatives)))
                                  if alternatives else None)
         self._bytes = [self._spell(tok, kind) for tok, kind in zip(tokens, token_types)]
-        self._cache = {}
+        self.missing_bytes = bytes(b for b in range(256) if BYTE_TO_CHAR[b] not in self._ids)
+        self._cache = {}  # word -> (ids, whether bytes were dropped)
 
     @staticmethod
     def _merge_ranks(merges) -> dict:
@@ -221,20 +251,26 @@ class BPETokenizer:
         return self._split_words(text)
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; warns (TokenizerWarning) if some characters cannot round-trip."""
         if not isinstance(text, str):
             raise ValueError(f"tokenizer: encode expects a str, got {type(text).__name__}")
-        ids = []
+        surrogates = SURROGATES.findall(text)
+        if surrogates:
+            text = SURROGATES.sub("\ufffd", text)
+        ids, lossy = [], []
         start = 0
         if self._special_pattern is not None:
             for match in self._special_pattern.finditer(text):
-                ids.extend(self._encode_ordinary(text[start:match.start()]))
+                self._encode_ordinary(text[start:match.start()], ids, lossy)
                 ids.append(self.special_tokens[match.group()])
                 start = match.end()
-        ids.extend(self._encode_ordinary(text[start:]))
+        self._encode_ordinary(text[start:], ids, lossy)
+        if surrogates or lossy:
+            self._warn_lossy(surrogates, lossy)
         return ids
 
-    def _encode_ordinary(self, text: str) -> list[int]:
-        ids = []
+    def _encode_ordinary(self, text: str, ids: list, lossy: list):
+        """Append the ids of text free of special tokens to `ids`; words that lost bytes to `lossy`."""
         for word in self._split_words(text):
             cached = self._cache.get(word)
             if cached is None:
@@ -243,31 +279,81 @@ class BPETokenizer:
                 if len(self._cache) >= BPE_CACHE_LIMIT:
                     self._cache.clear()
                 self._cache[word] = cached
-            ids.extend(cached)
-        return ids
+            word_ids, dropped = cached
+            ids.extend(word_ids)
+            if dropped:
+                lossy.append(word)
+
+    def _warn_lossy(self, surrogates, lossy_words):
+        """One warning for the whole call, naming (a few of) the characters that changed."""
+        missing = set(self.missing_bytes)
+        chars = sorted({c for word in lossy_words for c in word
+                        if missing.intersection(c.encode("utf-8"))})
+        parts = []
+        if chars:
+            shown = ", ".join(f"U+{ord(c):04X}" for c in chars[:8]) + (", ..." * (len(chars) > 8))
+            parts.append(f"dropped the bytes with no token in this vocabulary from "
+                         f"{_count(len(chars), 'character')} ({shown}), which will not decode back")
+        if surrogates:
+            parts.append(f"replaced {_count(len(surrogates), 'lone surrogate')} (U+D800-U+DFFF, "
+                         f"as Python makes from bytes that are not UTF-8) with U+FFFD")
+        warnings.warn("tokenizer: encode " + "; ".join(parts), TokenizerWarning, stacklevel=3)
 
     def _bpe(self, spelled: str) -> list[str]:
-        """Merge the lowest-ranked adjacent pair, everywhere it occurs, until no pair has a rank."""
-        symbols = list(spelled)
-        ranks = self._ranks
-        while len(symbols) > 1:
-            best = min(zip(symbols, symbols[1:]), key=lambda pair: ranks.get(pair, sys.maxsize))
-            if best not in ranks:
-                break
-            left, right = best
-            merged, i = [], 0
-            while i < len(symbols):
-                if i + 1 < len(symbols) and symbols[i] == left and symbols[i + 1] == right:
-                    merged.append(left + right)
-                    i += 2
-                else:
-                    merged.append(symbols[i])
-                    i += 1
-            symbols = merged
-        return symbols
+        """Merge the lowest-ranked adjacent pair, everywhere left to right, until no pair has a rank.
 
-    def _word_ids(self, symbols) -> tuple[int, ...]:
-        ids = []
+        The symbols form a linked list (next/prev indices) and every adjacent pair
+        with a rank waits in a heap keyed (rank, position of its left symbol), so a
+        merge costs a heap operation instead of a scan of the whole word, and a
+        pasted blob of n characters takes O(n log n), not O(n^2). A merged symbol
+        keeps its left symbol's position, so position order is left-to-right order.
+        All pairs of one rank are merged as a batch before the pairs next to the
+        merged symbols are looked up and pushed: the same order as rescanning the
+        word after every rank, and each new pair is pushed once.
+        """
+        symbols = list(spelled)
+        n = len(symbols)
+        if n < 2:
+            return symbols
+        ranks = self._ranks
+        after = list(range(1, n + 1))  # after[i] == n: i is the last symbol
+        before = list(range(-1, n - 1))  # before[i] == -1: i is the first symbol
+        heap = [(rank, i) for i, pair in enumerate(zip(symbols, symbols[1:]))
+                if (rank := ranks.get(pair)) is not None]
+        heapify(heap)
+        merged_in = [-1] * n  # merged_in[i]: the last batch that merged into symbol i
+        batch = 0
+        while heap:
+            rank = heap[0][0]
+            batch += 1
+            merged = []  # left positions of this rank's merges
+            while heap and heap[0][0] == rank:
+                _, i = heappop(heap)
+                j = after[i]
+                # Entries go stale when a neighbour merges first; the pair now at i decides.
+                if symbols[i] is None or j == n or ranks.get((symbols[i], symbols[j])) != rank:
+                    continue
+                symbols[i] += symbols[j]
+                symbols[j] = None
+                k = after[i] = after[j]
+                if k < n:
+                    before[k] = i
+                merged.append(i)
+                merged_in[i] = batch
+            # The pairs on either side of each merged symbol are new; looked up once the
+            # rank is done, a pair between two merged symbols is pushed once, not twice.
+            for i in merged:
+                k, h = after[i], before[i]
+                if k < n and (new := ranks.get((symbols[i], symbols[k]))) is not None:
+                    heappush(heap, (new, i))
+                if h >= 0 and merged_in[h] != batch and (
+                        new := ranks.get((symbols[h], symbols[i]))) is not None:
+                    heappush(heap, (new, h))
+        return [sym for sym in symbols if sym is not None]
+
+    def _word_ids(self, symbols) -> tuple[tuple[int, ...], bool]:
+        """(ids of the merged symbols, whether a byte with no token was dropped)."""
+        ids, dropped = [], False
         for sym in symbols:
             if sym in self._ids:
                 ids.append(self._ids[sym])
@@ -276,13 +362,22 @@ class BPETokenizer:
                 # a byte with no token of its own is dropped. Real vocabularies lack only
                 # a few control characters and bytes that start no assigned character
                 # (0xF1, 0xF2: planes 4-11), so ordinary text always round-trips.
-                ids.extend(self._ids[char] for char in sym if char in self._ids)
-        return tuple(ids)
+                kept = [self._ids[char] for char in sym if char in self._ids]
+                dropped = dropped or len(kept) < len(sym)
+                ids.extend(kept)
+        return tuple(ids), dropped
 
     # ------------------------------------------------------------ decode
 
     def decode(self, ids) -> str:
-        """Text of the ids; bytes that do not form valid UTF-8 become U+FFFD."""
+        """Text of the ids (a list, tuple or 1-D array of ints); bytes that do not form
+        valid UTF-8 become U+FFFD."""
+        if isinstance(ids, (str, bytes, bytearray)):
+            raise ValueError(f"tokenizer: decode expects a sequence of token ids, got "
+                             f"{type(ids).__name__} {ids[:20]!r}; encode turns text into ids")
+        if getattr(ids, "ndim", 1) != 1:
+            raise ValueError(f"tokenizer: decode expects a 1-D sequence of token ids, got an "
+                             f"array of shape {ids.shape}")
         return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
 
     def __repr__(self):

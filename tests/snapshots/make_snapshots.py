@@ -304,6 +304,98 @@ def make_models():
     make_model("llama_forward", llama, seed=12, T=12, prompt_len=5, steps=8)
 
 
+# ---------------------------------------------------------------- gradients
+
+def make_grads():
+    """Autograd gradients of the mean cross-entropy (ignore_index=-1) for every weight, for
+    a GPT-2-flavoured and a Llama-flavoured model: grads.npz, keys "<model>/<param>".
+
+    Smaller models than the forward snapshots (d_model 16) keep the file small; the
+    weights are stored beside their gradients, so the file stands alone.
+    """
+    gpt2 = tl.gpt2_config(vocab=32, d_model=16, n_heads=4, n_layers=2, d_ff=32, max_seq=8,
+                          norm_eps=1e-5, dtype=np.float64)
+    llama = tl.llama_config(vocab=32, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=32,
+                            max_seq=8, norm_eps=1e-5, rope_base=10000.0, dtype=np.float64)
+    arrays = {}
+    for name, cfg, seed in (("gpt2", gpt2, 21), ("llama", llama, 22)):
+        flat = perturbed_params(cfg, seed)
+        model = TorchModel(flat, cfg)
+        for w in model.w.values():
+            w.requires_grad_(True)
+        rng = np.random.default_rng(seed + 900)
+        tokens = rng.integers(0, cfg.vocab, size=(2, 8), dtype=np.int64)
+        tokens[1, 5] = tokens[0, 2]  # a repeated token: its embedding row gets both gradients
+        targets = np.concatenate([tokens[:, 1:], rng.integers(0, cfg.vocab, size=(2, 1))], axis=1)
+        targets[0, :3] = -1  # a prompt, left out of the loss
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, cfg.vocab), t(targets).reshape(-1),
+                               ignore_index=-1)
+        loss.backward()
+        print(f"  {name}: loss {float(loss.detach()):.4f}")
+        arrays[f"{name}/config"] = np.array(config_json(cfg))
+        arrays[f"{name}/tokens"], arrays[f"{name}/targets"] = tokens, targets
+        arrays[f"{name}/loss"] = n(loss)
+        for key, value in flat.items():
+            arrays[f"{name}/{key}"] = value
+            arrays[f"{name}/grad/{key}"] = n(model.w[key].grad)
+    save("grads", **arrays)
+
+
+# ---------------------------------------------------------------- optimizer
+
+def make_optim():
+    """Several steps of clip_grad_norm_ then torch.optim.AdamW on a small GPT-2 params dict.
+
+    Decay goes to the arrays with ndim >= 2 only (nanoGPT's two param groups),
+    the learning rate changes every step (a warmup then a decay), and the grads
+    are scaled so that some steps are clipped and some are not. Keys: lr, max_norm,
+    betas, eps, weight_decay; p0/<name> the initial params; g<k>/<name> the raw
+    grads of step k; norm (torch's returned total norms); p<k>/<name> the params
+    after step k. The same run in float32 has every key suffixed "32".
+    """
+    cfg = tl.gpt2_config(vocab=16, d_model=8, n_heads=2, n_layers=1, d_ff=16, max_seq=8,
+                         dtype=np.float64)
+    rng = np.random.default_rng(1006)
+    names = [name for name, _ in tl.named_params(tl.init_params(cfg, 0))]
+    start = {name: a + 0.1 * rng.normal(size=a.shape)
+             for name, a in tl.named_params(tl.init_params(cfg, 0))}
+    steps = 6
+    lrs = np.array([1e-3, 2e-3, 3e-3, 2.5e-3, 1.5e-3, 5e-4])
+    # Grad norms around max_norm: scales 0.3..3 make some steps clip and some not.
+    scales = np.array([3.0, 0.3, 1.5, 0.5, 2.0, 0.8])
+    grads = [{name: s * rng.normal(size=a.shape) / math.sqrt(len(names) * a.size)
+              for name, a in start.items()} for s in scales]
+    max_norm, betas, eps, wd = 1.0, (0.9, 0.95), 1e-8, 0.1
+    arrays = {"lr": lrs, "max_norm": np.float64(max_norm), "betas": np.array(betas),
+              "eps": np.float64(eps), "weight_decay": np.float64(wd)}
+
+    for dtype, suffix in ((np.float64, ""), (np.float32, "32")):
+        params = {name: torch.tensor(start[name].astype(dtype), requires_grad=True)
+                  for name in names}
+        decay = [p for p in params.values() if p.ndim >= 2]
+        no_decay = [p for p in params.values() if p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=float(lrs[0]), betas=betas, eps=eps, foreach=False)
+        norms = []
+        for name in names:
+            arrays[f"p0/{name}{suffix}"] = start[name].astype(dtype)
+        for k in range(steps):
+            for name, p in params.items():
+                p.grad = t(grads[k][name].astype(dtype))
+                arrays[f"g{k}/{name}{suffix}"] = grads[k][name].astype(dtype)
+            norms.append(float(torch.nn.utils.clip_grad_norm_(list(params.values()), max_norm)))
+            for group in opt.param_groups:
+                group["lr"] = float(lrs[k])
+            opt.step()
+            for name, p in params.items():
+                arrays[f"p{k + 1}/{name}{suffix}"] = n(p).copy()  # n() shares memory
+        arrays[f"norm{suffix}"] = np.array(norms)
+        print(f"  optim {np.dtype(dtype).name}: grad norms {', '.join(f'{x:.2f}' for x in norms)}")
+    save("optim", **arrays)
+
+
 def main():
     torch.manual_seed(0)  # nothing below draws from torch's RNG, but fix it anyway
     print(f"torch {torch.__version__}")
@@ -312,6 +404,8 @@ def main():
     make_attention()
     make_rope()
     make_models()
+    make_grads()
+    make_optim()
     total = sum(p.stat().st_size for p in HERE.glob("*.npz"))
     print(f"total {total / 1024:.1f} KiB")
 

@@ -1,0 +1,181 @@
+"""The model's backward pass: loss_and_grads, and the backward of each piece of model.py.
+
+Reads as model.forward in reverse: the fused loss gradient, the head, the final
+norm, each block from the last (its MLP, then its attention, each with its
+norm), and the embedding. Each piece takes the gradient of its output and what
+its forward saw, read from the activation record forward(..., acts=) fills, and
+returns fresh arrays: the gradient of its input and its params' gradients, in
+the params' own layout. The ops' backwards sit beside their forwards (ops.py,
+positions.py, attention.py), in the llm.c style; there is no autograd engine.
+
+Every matmul backward is two 2-D products over all B*T rows: dx = dy @ W^T and
+dW = x^T @ dy. Nothing loops over heads or positions.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .attention import attention_core_backward
+from .config import Config
+from .model import check_targets, forward
+from .ops import (cross_entropy, cross_entropy_backward, gelu_backward, gelu_tanh_backward,
+                  layer_norm_backward, rms_norm_backward, silu, silu_backward)
+from .positions import apply_rope_backward, rope_angles
+
+
+def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):
+    """(loss, grads) for next-token prediction: the loss as loss() computes it, and its
+    gradient for every parameter, in the same nested layout as params.
+
+    targets is [B, T] of ids, or -1 at positions to leave out of the mean. With a
+    tied head grads["tok_emb"] holds both the embedding's and the head's part.
+    Training reads whole sequences, so there is no KV cache: passing one is an error.
+    """
+    if cache is not None:
+        raise ValueError("loss_and_grads trains on whole sequences without a KV cache; "
+                         "call it without cache=")
+    targets = check_targets(targets, tokens, cfg)
+    acts = {}
+    logits = forward(params, cfg, tokens, acts=acts)  # [B, T, V]; checks params and tokens
+    loss = cross_entropy(logits, targets)
+    dlogits = cross_entropy_backward(logits, targets)  # [B, T, V]
+
+    grads = {}
+    L, T = cfg.n_layers, logits.shape[1]
+    dx, grads["lm_head"], dtok_head = lm_head_backward(dlogits, acts["final_norm"], params, cfg)
+    dx, grads["final_norm"] = norm_backward(dx, acts[f"blocks[{L - 1}].resid_post"],
+                                            params["final_norm"], cfg)  # [B, T, d]
+    rope = rope_angles(np.arange(T), cfg.head_dim, cfg.rope_base) if cfg.pos == "rope" else None
+    grads["blocks"] = [None] * L
+    for i in reversed(range(L)):
+        dx, grads["blocks"][i] = block_backward(dx, params["blocks"][i], cfg, acts, i, rope=rope)
+    grads.update(embed_backward(dx, np.asarray(tokens), cfg))
+    if dtok_head is not None:
+        grads["tok_emb"] += dtok_head  # the tied table is read twice, so both parts add
+    return loss, _in_layout_of(params, grads)
+
+
+def _in_layout_of(params, grads):
+    """grads rebuilt with exactly params' keys, in params' order."""
+    if isinstance(params, dict):
+        return {key: _in_layout_of(sub, grads[key]) for key, sub in params.items()}
+    if isinstance(params, (list, tuple)):
+        return [_in_layout_of(p, g) for p, g in zip(params, grads)]
+    return grads
+
+
+# ---------------------------------------------------------------- linear layers and norms
+
+def linear_backward(dy, x, p, w, b):
+    """Backward of model._linear, y = x @ p[w] (+ p[b]), over all rows at once.
+
+    dy [..., out], x [..., in]: returns dx [..., in] and {w: x^T dy, b: sum of dy}.
+    """
+    dy2 = dy.reshape(-1, dy.shape[-1])  # [N, out]
+    x2 = x.reshape(-1, x.shape[-1])  # [N, in]
+    grads = {w: x2.T @ dy2}  # [in, out]
+    if b in p:
+        grads[b] = dy2.sum(axis=0)  # [out]
+    dx = (dy2 @ p[w].T).reshape(*x.shape)  # [..., in]
+    return dx, grads
+
+
+def norm_backward(dy, x, p, cfg: Config):
+    """Backward of model.norm: (dx, {"weight": ..., "bias": ...}) for x, the norm's input."""
+    if cfg.norm == "layer":
+        dx, dw, db = layer_norm_backward(dy, x, p["weight"], cfg.norm_eps)
+        return dx, {"weight": dw, "bias": db}
+    dx, dw = rms_norm_backward(dy, x, p["weight"], cfg.norm_eps)
+    return dx, {"weight": dw}
+
+
+# ---------------------------------------------------------------- one block, in reverse
+
+def block_backward(dy, p, cfg: Config, acts, i, *, rope=None):
+    """Backward of model.block for block i: dy is d(loss)/d(resid_post); returns
+    d(loss)/d(resid_pre) and the block's grads. A residual add passes its
+    gradient to both of its inputs, so each sub-layer's dx adds onto dy."""
+    pre = f"blocks[{i}]."
+    grads = {}
+    if cfg.mlp != "none":
+        dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i)
+        dres, grads["mlp_norm"] = norm_backward(dmlp_in, acts[pre + "resid_mid"], p["mlp_norm"], cfg)
+        dy = dy + dres  # d(loss)/d(resid_mid)
+    dattn_in, grads["attn"] = attention_block_backward(dy, p["attn"], cfg, acts, i, rope=rope)
+    dres, grads["attn_norm"] = norm_backward(dattn_in, acts[pre + "resid_pre"], p["attn_norm"], cfg)
+    return dy + dres, grads  # d(loss)/d(resid_pre)
+
+
+def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
+    """Backward of the attention sub-layer of block i: dy [B, T, d] is the gradient of its
+    update; returns the gradient of its (normed) input attn_in and of wq..wo, bq..bo."""
+    pre = f"blocks[{i}]."
+    x = acts[pre + "attn_in"]  # [B, T, d]
+    B, T, _ = x.shape
+    dout, grads = linear_backward(dy, acts[pre + "attn.out"], a, "wo", "bo")  # [B, T, H*D]
+    dq, dk, dv = attention_core_backward(dout, acts[pre + "attn.q"], acts[pre + "attn.k"],
+                                         acts[pre + "attn.v"])  # [B,T,H,D], [B,T,G,D] x2
+    if rope is not None:  # q and k were rotated after their projections
+        dq, dk = apply_rope_backward(dq, *rope), apply_rope_backward(dk, *rope)
+    dx = None
+    for name, d in (("q", dq), ("k", dk), ("v", dv)):
+        dx_part, g = linear_backward(d.reshape(B, T, -1), x, a, "w" + name, "b" + name)
+        grads.update(g)
+        dx = dx_part if dx is None else dx + dx_part  # x fed all three projections
+    return dx, grads
+
+
+def mlp_backward(dy, m, cfg: Config, acts, i):
+    """Backward of model.mlp for block i: returns the gradient of mlp_in and the MLP's grads."""
+    pre = f"blocks[{i}]."
+    x, up = acts[pre + "mlp_in"], acts[pre + "mlp.up"]  # [B, T, d], [B, T, F]
+    dhidden, grads = linear_backward(dy, acts[pre + "mlp.hidden"], m, "w_down", "b_down")
+    if cfg.mlp == "swiglu":  # hidden = silu(gate) * up
+        gate = acts[pre + "mlp.gate"]
+        dup = dhidden * silu(gate)
+        dgate = silu_backward(dhidden * up, gate)
+        dx, g = linear_backward(dgate, x, m, "w_gate", "b_gate")
+        grads.update(g)
+    else:
+        dup = (gelu_backward if cfg.mlp == "gelu" else gelu_tanh_backward)(dhidden, up)
+        dx = None
+    dx_up, g = linear_backward(dup, x, m, "w_up", "b_up")
+    grads.update(g)
+    return (dx_up if dx is None else dx + dx_up), grads
+
+
+# ---------------------------------------------------------------- the ends of the model
+
+def lm_head_backward(dlogits, x, params, cfg: Config):
+    """Backward of model.lm_head: (dx, head grads, dtok_emb from a tied head or None)."""
+    head = params["lm_head"]
+    w = params["tok_emb"].T if cfg.tie_embeddings else head["w"]  # [d, V]
+    dl2 = dlogits.reshape(-1, dlogits.shape[-1])  # [N, V]
+    x2 = x.reshape(-1, x.shape[-1])  # [N, d]
+    grads = {}
+    dtok = None
+    if cfg.tie_embeddings:
+        dtok = dl2.T @ x2  # [V, d], the table's own layout
+    else:
+        grads["w"] = x2.T @ dl2  # [d, V]
+    if "b" in head:
+        grads["b"] = dl2.sum(axis=0)
+    return (dl2 @ w.T).reshape(x.shape), grads, dtok
+
+
+def embed_backward(dx, tokens, cfg: Config):
+    """Backward of model.embed (start 0): {"tok_emb": ..., "pos_emb": ...}.
+
+    np.add.at rather than dtok[tokens] += ..., which would keep only one of the
+    rows of a token that occurs more than once. Sinusoidal and rotary positions
+    have no parameters.
+    """
+    d = dx.shape[-1]
+    dtok = np.zeros((cfg.vocab, d), dtype=dx.dtype)
+    np.add.at(dtok, tokens.reshape(-1), dx.reshape(-1, d))  # [V, d]
+    grads = {"tok_emb": dtok}
+    if cfg.pos == "learned":
+        dpos = np.zeros((cfg.max_seq, d), dtype=dx.dtype)
+        dpos[:dx.shape[1]] = dx.sum(axis=0)  # position t's row, summed over the batch
+        grads["pos_emb"] = dpos
+    return grads

@@ -1,0 +1,169 @@
+"""Checkpoints: params, config and anything else in one .npz, written atomically.
+
+The file is a plain NumPy .npz that loads with allow_pickle=False:
+
+    __checkpoint__         JSON: format name and version, the config, and `extra`
+                           with every array replaced by {"__array__": key}
+    params/<name>          one entry per parameter, named as named_params names
+                           them ("tok_emb", "blocks[1].attn.wk", ...)
+    extra/<path>           the arrays found inside `extra` (optimizer moments, ...)
+
+`extra` may nest dicts, lists, numbers, strings, booleans, None and NumPy
+arrays, e.g. step=1200, optimizer=opt.state_dict(), rng=rng.bit_generator.state.
+The write goes to a temporary file in the same directory, then os.replace()
+renames it over the old checkpoint, so a crash mid-save leaves the previous
+checkpoint whole.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .config import Config
+from .model import check_params, named_params, param_shapes
+
+FORMAT = "transformer_lab.checkpoint"
+VERSION = 1
+META_KEY = "__checkpoint__"
+
+
+def config_to_dict(cfg: Config) -> dict:
+    fields = {name: getattr(cfg, name) for name in cfg.__dataclass_fields__}
+    fields["dtype"] = np.dtype(cfg.dtype).name
+    return fields
+
+
+def _encode(value, key, arrays):
+    """JSON-able skeleton of `value`; arrays go into `arrays` under extra/<key>."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise ValueError(f"extra {key}: object arrays cannot be stored without pickle")
+        name = f"extra/{key}"
+        arrays[name] = value
+        return {"__array__": name}
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"extra {key}: dict keys must be strings, got {k!r}")
+            out[k] = _encode(v, f"{key}.{k}" if key else k, arrays)
+        if "__array__" in out:
+            raise ValueError(f"extra {key}: the key '__array__' is reserved")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_encode(v, f"{key}[{i}]", arrays) for i, v in enumerate(value)]
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"extra {key}: cannot store a {type(value).__name__} in a checkpoint "
+                     f"(use numbers, strings, lists, dicts or NumPy arrays)")
+
+
+def _decode(value, arrays):
+    if isinstance(value, dict):
+        if set(value) == {"__array__"}:
+            return arrays[value["__array__"]]
+        return {k: _decode(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v, arrays) for v in value]
+    return value
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="w"):
+    """Open a temporary file beside `path` for writing; on success it replaces `path` in one
+    rename, so a crash or Ctrl-C mid-write never damages the file that was there before."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the rename makes them current
+        os.replace(tmp, path)
+    except BaseException:
+        # Ctrl-C or a full disk mid-write: drop the partial file, keep the old one.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_checkpoint(path, params, cfg: Config, **extra):
+    """Write params, cfg and `extra` to `path` (one .npz) atomically; returns the Path."""
+    if not isinstance(cfg, Config):
+        raise ValueError(f"cfg must be a Config, got {type(cfg).__name__}")
+    check_params(params, cfg)
+    path = Path(path)
+    arrays = {}
+    for name, leaf in named_params(params):
+        arrays[f"params/{name}"] = np.asarray(leaf)
+    meta = {"format": FORMAT, "version": VERSION, "config": config_to_dict(cfg),
+            "extra": _encode(extra, "", arrays)}
+    arrays[META_KEY] = np.array(json.dumps(meta))
+
+    with atomic_write(path, "wb") as f:
+        np.savez(f, **arrays)
+    return path
+
+
+def load_checkpoint(path):
+    """(cfg, params, extra) from a file written by save_checkpoint.
+
+    A missing file raises FileNotFoundError; a truncated, corrupt or foreign
+    file raises ValueError naming it.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise ValueError("it is a single .npy array")
+            # Read everything now: a damaged member only shows itself when read.
+            arrays = {key: z[key] for key in z.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a readable transformer_lab checkpoint "
+                         f"(truncated or corrupt?): {exc}") from None
+    except TypeError as exc:  # np.load's message for pickled data differs between versions
+        raise ValueError(f"{path} is not a transformer_lab checkpoint: {exc}") from None
+    if META_KEY not in arrays:
+        raise ValueError(f"{path} is not a transformer_lab checkpoint (an .npz without "
+                         f"{META_KEY}; keys {', '.join(sorted(arrays)[:4])})")
+    try:
+        meta = json.loads(str(arrays.pop(META_KEY)))
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}")
+        if meta.get("version") != VERSION:
+            raise ValueError(f"version {meta.get('version')!r}, this code reads {VERSION}")
+        cfg = Config(**meta["config"])
+        params = _rebuild(param_shapes(cfg), "", arrays)
+        check_params(params, cfg)
+        for name, leaf in named_params(params):
+            if leaf.dtype != cfg.dtype:
+                raise ValueError(f"params {name} is {leaf.dtype}, the config says {cfg.dtype}")
+        extra = _decode(meta["extra"], arrays)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a valid transformer_lab checkpoint: {exc}") from None
+    return cfg, params, extra
+
+
+def _rebuild(shapes, prefix, arrays):
+    """The params tree, from the params/<name> entries, in param_shapes' layout."""
+    if isinstance(shapes, dict):
+        return {k: _rebuild(v, f"{prefix}.{k}" if prefix else k, arrays) for k, v in shapes.items()}
+    if isinstance(shapes, list):
+        return [_rebuild(v, f"{prefix}[{i}]", arrays) for i, v in enumerate(shapes)]
+    key = f"params/{prefix}"
+    if key not in arrays:
+        raise ValueError(f"missing parameter {prefix}")
+    return arrays[key]

@@ -1,0 +1,219 @@
+"""Training updates: gradient clipping, AdamW and the learning-rate schedule.
+
+All three follow PyTorch's definitions (torch.nn.utils.clip_grad_norm_,
+torch.optim.AdamW) and nanoGPT's schedule, so numbers seen here agree with
+what students see there. Params and grads are nested dicts in the public
+layout (see model.param_shapes); updates happen in place, array by array,
+in the arrays' own dtype: float32 state stays float32.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .model import named_params
+
+
+def _leaves(tree, what):
+    """{name: array} for a params-shaped tree; a ValueError if a leaf is not a float array."""
+    leaves = {}
+    for name, leaf in named_params(tree):
+        if not isinstance(leaf, np.ndarray) or not np.issubdtype(leaf.dtype, np.floating):
+            raise ValueError(f"{what} {name} must be a float NumPy array, got {type(leaf).__name__}"
+                             + (f" of dtype {leaf.dtype}" if isinstance(leaf, np.ndarray) else ""))
+        leaves[name] = leaf
+    return leaves
+
+
+def _check_number(name, value, lo=0.0, *, lo_open=False, hi=None, hi_open=True):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < lo or (lo_open and value == lo):
+        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+    if hi is not None and (value > hi or (hi_open and value == hi)):
+        raise ValueError(f"{name} must be {'<' if hi_open else '<='} {hi}, got {value!r}")
+    return float(value)
+
+
+# ---------------------------------------------------------------- clipping
+
+def clip_grad_norm(grads, max_norm) -> float:
+    """Scale all grads in place so that their joint L2 norm is at most max_norm.
+
+    Returns the total norm before clipping, as torch.nn.utils.clip_grad_norm_
+    does: the norm of the per-array norms, then a scale of
+    max_norm / (norm + 1e-6) when that is below 1. A non-finite norm is
+    returned as it is and the grads are left alone (the caller should skip
+    that step).
+    """
+    max_norm = _check_number("max_norm", max_norm, lo_open=True)
+    leaves = _leaves(grads, "grads")
+    if not leaves:
+        raise ValueError("grads holds no arrays")
+    # Each array's sum of squares in its own dtype (BLAS dot), summed as Python floats.
+    total = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for g in leaves.values()))
+    scale = max_norm / (total + 1e-6)
+    if math.isfinite(total) and scale < 1.0:
+        for g in leaves.values():
+            g *= scale  # a Python float: float32 grads stay float32
+    return total
+
+
+# ---------------------------------------------------------------- AdamW
+
+class AdamW:
+    """torch.optim.AdamW over a nested params dict, updating it in place.
+
+    As nanoGPT configures it, weight decay applies to the arrays with ndim >= 2
+    (the matrices and the embedding tables) and never to norm gains or biases.
+    One step, per array p with gradient g, at step t (counted from 1):
+
+        p -= lr * weight_decay * p                      (decoupled decay, matrices only)
+        m  = beta1 * m + (1 - beta1) * g
+        v  = beta2 * v + (1 - beta2) * g²
+        p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+
+    `opt.lr` may be changed between steps (a schedule sets it each step).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        self.lr = _check_number("lr", lr)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        self.betas = (_check_number("betas[0]", betas[0], hi=1.0),
+                      _check_number("betas[1]", betas[1], hi=1.0))
+        self.eps = _check_number("eps", eps)
+        self.weight_decay = _check_number("weight_decay", weight_decay)
+        self.params = params
+        self._params = _leaves(params, "params")
+        if not self._params:
+            raise ValueError("params holds no arrays")
+        self.step_count = 0  # t: steps taken so far
+        self.m = {name: np.zeros_like(p) for name, p in self._params.items()}  # first moments
+        self.v = {name: np.zeros_like(p) for name, p in self._params.items()}  # second moments
+        self._buffers = {}  # dtype -> scratch for step()
+
+    def decays(self, name) -> bool:
+        """Whether the array called `name` (e.g. "blocks[0].attn.wq") gets weight decay."""
+        return self._params[name].ndim >= 2
+
+    def _check_grads(self, grads):
+        leaves = _leaves(grads, "grads")
+        missing = [n for n in self._params if n not in leaves]
+        extra = [n for n in leaves if n not in self._params]
+        if missing or extra:
+            parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) \
+                + ([f"unexpected {', '.join(extra[:3])}"] if extra else [])
+            raise ValueError(f"grads must have exactly the params' keys: {'; '.join(parts)}")
+        for name, p in self._params.items():
+            g = leaves[name]
+            if g.shape != p.shape:
+                raise ValueError(f"grads {name} has shape {g.shape}, params {name} has {p.shape}")
+            if g.dtype != p.dtype:
+                raise ValueError(f"grads {name} is {g.dtype}, params {name} is {p.dtype}: "
+                                 f"compute grads in the params' dtype")
+        return leaves
+
+    def step(self, grads):
+        """One AdamW update of every param in place, from grads in the params' layout."""
+        lr = _check_number("lr", self.lr)
+        leaves = self._check_grads(grads)
+        beta1, beta2 = self.betas
+        self.step_count += 1
+        t = self.step_count
+        step_size = lr / (1.0 - beta1 ** t)
+        bias2_sqrt = math.sqrt(1.0 - beta2 ** t)
+        for name, p in self._params.items():
+            g, m, v = leaves[name], self.m[name], self.v[name]
+            # One scratch array per dtype, as large as the largest param, so the update
+            # allocates nothing; every scalar is a Python float, so float32 stays float32.
+            buf = self._scratch(p)
+            if self.weight_decay and p.ndim >= 2:
+                p *= 1.0 - lr * self.weight_decay
+            np.subtract(g, m, out=buf)
+            buf *= 1.0 - beta1
+            m += buf  # torch's lerp: m + (1 - beta1)(g - m) = beta1 m + (1 - beta1) g
+            np.multiply(g, g, out=buf)
+            buf *= 1.0 - beta2
+            v *= beta2
+            v += buf
+            np.sqrt(v, out=buf)
+            buf /= bias2_sqrt
+            buf += self.eps  # buf = sqrt(v_hat) + eps
+            np.divide(m, buf, out=buf)
+            buf *= step_size
+            p -= buf
+
+    def _scratch(self, p):
+        flat = self._buffers.get(p.dtype)
+        if flat is None or flat.size < p.size:
+            size = max(a.size for a in self._params.values() if a.dtype == p.dtype)
+            flat = self._buffers[p.dtype] = np.empty(size, dtype=p.dtype)
+        return flat[:p.size].reshape(p.shape)
+
+    # -------- state, for checkpoints
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: hyperparameters, the step count and both moments
+        (as {name: array} dicts keyed like named_params)."""
+        return {"lr": self.lr, "betas": list(self.betas), "eps": self.eps,
+                "weight_decay": self.weight_decay, "step_count": self.step_count,
+                "m": dict(self.m), "v": dict(self.v)}
+
+    def load_state_dict(self, state):
+        """Restore state_dict() output; the moments must match the params' names, shapes and dtypes."""
+        try:
+            m, v = state["m"], state["v"]
+            step_count = state["step_count"]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"optimizer state is missing {exc}") from None
+        if isinstance(step_count, bool) or not isinstance(step_count, (int, np.integer)) \
+                or step_count < 0:
+            raise ValueError(f"optimizer state step_count must be an int >= 0, got {step_count!r}")
+        for label, moments in (("m", m), ("v", v)):
+            if not isinstance(moments, dict) or set(moments) != set(self._params):
+                raise ValueError(f"optimizer state {label} does not have the params' names")
+            for name, p in self._params.items():
+                a = moments[name]
+                if getattr(a, "shape", None) != p.shape or getattr(a, "dtype", None) != p.dtype:
+                    raise ValueError(f"optimizer state {label} {name} does not match params {name} "
+                                     f"{p.shape} {p.dtype}")
+        self.lr = _check_number("lr", state.get("lr", self.lr))
+        betas = state.get("betas", self.betas)
+        self.betas = (_check_number("betas[0]", betas[0], hi=1.0),
+                      _check_number("betas[1]", betas[1], hi=1.0))
+        self.eps = _check_number("eps", state.get("eps", self.eps))
+        self.weight_decay = _check_number("weight_decay", state.get("weight_decay", self.weight_decay))
+        self.step_count = int(step_count)
+        self.m = {name: np.array(m[name], copy=True) for name in self._params}
+        self.v = {name: np.array(v[name], copy=True) for name in self._params}
+
+
+# ---------------------------------------------------------------- schedule
+
+def cosine_lr(step, *, max_lr, warmup, total, min_lr=0.0) -> float:
+    """The learning rate at `step` (counted from 0): a linear warmup, then a cosine decay.
+
+    Steps 0..warmup-1 climb linearly, max_lr * (step + 1) / (warmup + 1), so the
+    first step is not wasted at lr 0; step `warmup` is max_lr; the cosine then
+    falls to min_lr at step `total` and stays there (nanoGPT's get_lr).
+    """
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be an int >= 0, got {step!r}")
+    for name, value in (("warmup", warmup), ("total", total)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if total <= warmup:
+        raise ValueError(f"total ({total}) must be larger than warmup ({warmup})")
+    max_lr = _check_number("max_lr", max_lr)
+    min_lr = _check_number("min_lr", min_lr)
+    if min_lr > max_lr:
+        raise ValueError(f"min_lr ({min_lr}) must not exceed max_lr ({max_lr})")
+    if step < warmup:
+        return max_lr * (step + 1) / (warmup + 1)
+    if step >= total:
+        return min_lr
+    progress = (step - warmup) / (total - warmup)  # 0 at the peak, 1 at `total`
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
