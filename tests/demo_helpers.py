@@ -1,12 +1,10 @@
 """Load demos by number and render them into a recording console, for the demo tests."""
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "demos"))
+import console
+from _common import load_demos, render_demo  # demos/ is on sys.path through conftest.py
 
-import console  # noqa: E402
-from _common import load_demos, render_demo  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def demo(number):

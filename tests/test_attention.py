@@ -1,6 +1,6 @@
 """attention.py: attention_core (MHA / GQA / MQA, causal offset), attention_weights, causal_mask.
 
-The reference below loops over batch, query head and query position with
+The loop reference (tests/reference.py) goes over batch, query head and query position with
 scalar math, so it shares nothing with the batched implementation.
 """
 import math
@@ -9,47 +9,7 @@ import numpy as np
 import pytest
 
 from transformer_lab import attention_core, attention_weights, causal_mask
-
-
-def ref_weights(q, k, offset=0, causal=True, scale=None):
-    """[B, H, T, S] softmax weights by explicit loops."""
-    q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    B, T, H, D = q.shape
-    S, G = k.shape[1], k.shape[2]
-    R = H // G
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    w = np.zeros((B, H, T, S))
-    for b in range(B):
-        for h in range(H):
-            g = h // R
-            for i in range(T):
-                visible = range(offset + i + 1) if causal else range(S)
-                scores = [scale * math.fsum(q[b, i, h, d] * k[b, j, g, d] for d in range(D))
-                          for j in visible]
-                m = max(scores)
-                e = [math.exp(s - m) for s in scores]
-                z = math.fsum(e)
-                for j, ej in zip(visible, e):
-                    w[b, h, i, j] = ej / z
-    return w
-
-
-def ref_attention(q, k, v, offset=0, causal=True, scale=None):
-    """[B, T, H*D] output by explicit loops: head h's D values at [h*D, (h+1)*D)."""
-    w = ref_weights(q, k, offset, causal, scale)
-    v = np.asarray(v, dtype=np.float64)
-    B, T, H, D = np.shape(q)
-    S, G = v.shape[1], v.shape[2]
-    R = H // G
-    out = np.zeros((B, T, H * D))
-    for b in range(B):
-        for h in range(H):
-            g = h // R
-            for i in range(T):
-                for d in range(D):
-                    out[b, i, h * D + d] = math.fsum(w[b, h, i, j] * v[b, j, g, d] for j in range(S))
-    return out
+from reference import ref_attention, ref_weights
 
 
 def make_qkv(rng, B, T, S, H, G, D, dtype=np.float64):

@@ -91,7 +91,8 @@ def spy(monkeypatch):
     for module in (transformer_lab.attention, transformer_lab.model, transformer_lab.ops,
                    transformer_lab.positions):
         monkeypatch.setattr(module, "np", proxy)
-    real_forward = transformer_lab.model.forward
+    # Every forward pass, direct or from generate's decode loop, runs through this one.
+    real_forward = transformer_lab.model._forward_unchecked
     log = Log()
 
     def recording_forward(*args, **kwargs):
@@ -102,7 +103,7 @@ def spy(monkeypatch):
         finally:
             Spy.log = None
 
-    monkeypatch.setattr(transformer_lab.model, "forward", recording_forward)
+    monkeypatch.setattr(transformer_lab.model, "_forward_unchecked", recording_forward)
     yield log
     Spy.log = None
 

@@ -242,6 +242,46 @@ def test_params_wrong_number_of_blocks():
         forward(p, TINY, ok_tokens())
 
 
+def test_params_with_keys_the_config_does_not_have():
+    # TINY has bias=False: biases added by hand used to pass the check and move the logits.
+    p = init_params(TINY, seed=0)
+    p["blocks"][0]["attn"]["bq"] = np.ones(TINY.d_model)
+    p["lm_head"]["b"] = np.full(TINY.vocab, 3.0)
+    with pytest.raises(ValueError, match=r"params has blocks\[0\]\.attn\.bq, .*does not have"):
+        forward(p, TINY, ok_tokens())
+    del p["blocks"][0]["attn"]["bq"]
+    with pytest.raises(ValueError, match=r"params has lm_head\.b, .*bias=False"):
+        check_params(p, TINY)
+
+
+def test_params_with_several_extra_keys_names_them_all():
+    p = init_params(TINY, seed=0)
+    p["extra"] = np.zeros(3)
+    p["blocks"][1]["mlp"]["b_up"] = np.zeros(TINY.d_ff)
+    with pytest.raises(ValueError, match=r"params has blocks\[1\]\.mlp\.b_up"):
+        check_params(p, TINY)
+    del p["blocks"][1]["mlp"]["b_up"]
+    with pytest.raises(ValueError, match=r"params has extra,"):
+        check_params(p, TINY)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int64, np.complex128])
+def test_params_of_another_dtype(dtype):
+    # TINY is float64: float16 params used to run silently in it; ints and complex too.
+    p = init_params(TINY, seed=0)
+    p["blocks"][1]["mlp"]["w_up"] = p["blocks"][1]["mlp"]["w_up"].astype(dtype)
+    name = np.dtype(dtype).name
+    with pytest.raises(ValueError, match=rf"blocks\[1\]\.mlp\.w_up has dtype {name}.*float64"):
+        forward(p, TINY, ok_tokens())
+
+
+def test_params_that_are_not_arrays():
+    p = init_params(TINY, seed=0)
+    p["final_norm"]["weight"] = p["final_norm"]["weight"].tolist()
+    with pytest.raises(ValueError, match=r"final_norm\.weight has shape None"):
+        check_params(p, TINY)
+
+
 # ------------------------------------------------------------------ generate and loss
 
 def test_generate_overflowing_max_seq(params):
@@ -251,7 +291,7 @@ def test_generate_overflowing_max_seq(params):
     assert generate(params, TINY, prompt, TINY.max_seq - 10, greedy=True).shape[1] == TINY.max_seq
 
 
-@pytest.mark.parametrize("bad", [0, -1, TINY.vocab + 1, 2.5, "3"])
+@pytest.mark.parametrize("bad", [0, -1, TINY.vocab + 1, 2.5, "3", True, False])
 def test_bad_top_k(params, bad):
     with pytest.raises(ValueError, match=r"top_k"):
         generate(params, TINY, ok_tokens(), 2, top_k=bad)
@@ -263,9 +303,84 @@ def test_bad_max_new_tokens(params, bad):
         generate(params, TINY, ok_tokens(), bad)
 
 
-def test_negative_temperature(params):
+@pytest.mark.parametrize("bad", [-1.0, "0.5", None, float("nan"), float("inf"), True])
+def test_bad_temperature(params, bad):
     with pytest.raises(ValueError, match=r"temperature"):
-        generate(params, TINY, ok_tokens(), 2, temperature=-1.0)
+        generate(params, TINY, ok_tokens(), 2, temperature=bad)
+    with pytest.raises(ValueError, match=r"temperature"):
+        generate(params, TINY, ok_tokens(), 2, temperature=bad, greedy=True)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "7", True])
+def test_bad_seed(params, bad):
+    with pytest.raises(ValueError, match=r"seed must be None or an int >= 0"):
+        generate(params, TINY, ok_tokens(), 2, seed=bad)
+
+
+def test_good_seeds(params):
+    a = generate(params, TINY, ok_tokens(), 3, seed=0)
+    np.testing.assert_array_equal(a, generate(params, TINY, ok_tokens(), 3, seed=np.int64(0)))
+    np.testing.assert_array_equal(
+        a, generate(params, TINY, ok_tokens(), 3, seed=np.random.default_rng(0)))
+
+
+def test_generate_checks_the_params_once_not_per_token(monkeypatch):
+    from transformer_lab import model
+    p = init_params(TINY, seed=0)
+    checks = []
+    real_check = model.check_params
+    monkeypatch.setattr(model, "check_params", lambda *a: checks.append(1) or real_check(*a))
+    for use_cache in (True, False):
+        checks.clear()
+        assert generate(p, TINY, ok_tokens(), 5, use_cache=use_cache, seed=0).shape == (1, 9)
+        assert len(checks) == 1
+    # a direct forward call still checks, and still names the problem
+    checks.clear()
+    forward(p, TINY, ok_tokens())
+    assert len(checks) == 1
+    bad = init_params(TINY, seed=0)
+    del bad["blocks"][1]["attn"]["wv"]
+    with pytest.raises(ValueError, match=r"missing blocks\[1\]\.attn\.wv"):
+        generate(bad, TINY, ok_tokens(), 5)
+
+
+def test_sample_next_bad_arguments():
+    from transformer_lab import sample_next
+    logits = np.zeros((1, 5))
+    with pytest.raises(ValueError, match=r"top_k"):
+        sample_next(logits, top_k=True)
+    with pytest.raises(ValueError, match=r"temperature"):
+        sample_next(logits, temperature="0.5")
+    with pytest.raises(ValueError, match=r"logits \[B, vocab\]"):
+        sample_next(np.zeros(5))
+    with pytest.raises(ValueError, match=r"row 1 gives no token a probability"):
+        sample_next(np.array([[0.0, 1.0], [-np.inf, -np.inf]]), rng=np.random.default_rng(0))
+
+
+def test_generate_stops_at_non_finite_logits():
+    p = init_params(TINY, seed=0)
+    p["blocks"][0]["mlp"]["w_down"][0, 0] = np.nan  # NaN params used to yield token 0 forever
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match=r"logits at step 0 are not finite; check the params"):
+            generate(p, TINY, ok_tokens(), 4, use_cache=use_cache)
+
+
+def test_generate_names_the_step_where_logits_go_bad(monkeypatch):
+    from transformer_lab import model
+    p = init_params(TINY, seed=0)
+    real_forward = model._forward_unchecked  # what the decode loop calls
+    calls = []
+
+    def forward_that_breaks(*args, **kwargs):
+        calls.append(1)
+        logits = real_forward(*args, **kwargs)
+        return logits * np.inf if len(calls) == 4 else logits  # the 4th pass: step 3
+
+    monkeypatch.setattr(model, "_forward_unchecked", forward_that_breaks)
+    stream = model.generate_stream(p, TINY, ok_tokens(), 6, greedy=True)
+    assert len([next(stream) for _ in range(3)]) == 3
+    with pytest.raises(ValueError, match=r"logits at step 3 are not finite"):
+        next(stream)
 
 
 def test_generate_bad_prompt(params):

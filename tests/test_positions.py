@@ -5,28 +5,7 @@ import numpy as np
 import pytest
 
 from transformer_lab import apply_rope, rope_angles, sinusoidal_pe
-
-
-def ref_angle(pos, i, dim, base=10000.0):
-    """Angle of channel pair i at position pos: pos * base^(-2i/dim)."""
-    return float(pos) * base ** (-2.0 * i / dim)
-
-
-def ref_rope(x, positions, base=10000.0):
-    """Rotate each interleaved pair (2i, 2i+1) of x [..., T, H, D] with an explicit 2x2 matrix."""
-    x = np.asarray(x, dtype=np.float64)
-    T, H, D = x.shape[-3:]
-    out = np.empty_like(x)
-    for lead in np.ndindex(x.shape[:-3]):
-        for t in range(T):
-            for h in range(H):
-                for i in range(D // 2):
-                    a = ref_angle(positions[t], i, D, base)
-                    rot = np.array([[math.cos(a), -math.sin(a)],
-                                    [math.sin(a), math.cos(a)]])
-                    pair = x[lead + (t, h, slice(2 * i, 2 * i + 2))]
-                    out[lead + (t, h, slice(2 * i, 2 * i + 2))] = rot @ pair
-    return out
+from reference import ref_angle, ref_rope
 
 
 def rotate_one(vec, pos, base=10000.0):
@@ -185,3 +164,14 @@ def test_sinusoidal_pe_matches_loop(positions):
 def test_sinusoidal_pe_position_zero():
     pe = sinusoidal_pe([0], 8)
     np.testing.assert_array_equal(pe[0], [0, 1, 0, 1, 0, 1, 0, 1])
+
+
+def test_sinusoidal_and_rope_share_one_set_of_frequencies():
+    from transformer_lab.positions import frequencies
+    pos = np.arange(5, 12)
+    freqs = frequencies(16)
+    np.testing.assert_array_equal(freqs, [10000.0 ** (-i / 8) for i in range(8)])
+    cos, sin = rope_angles(pos, 16)
+    pe = sinusoidal_pe(pos, 16)
+    np.testing.assert_array_equal(pe[:, 0::2], sin)
+    np.testing.assert_array_equal(pe[:, 1::2], cos)

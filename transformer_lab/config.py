@@ -107,15 +107,24 @@ TINY_GPT2 = Config(vocab=64, d_model=32, n_heads=4, n_layers=2, d_ff=128, max_se
                    tie_embeddings=True, dtype=np.float64)
 
 
+_FAMILIES = {
+    "gpt2": dict(norm="layer", mlp="gelu", pos="learned", bias=True, tie_embeddings=True),
+    "llama": dict(norm="rms", mlp="swiglu", pos="rope", bias=False, tie_embeddings=False),
+}
+
+
+def _family_config(family, fields) -> Config:
+    """The family's switches, then any field the caller gives (those win)."""
+    return Config(**{**_FAMILIES[family], **fields})
+
+
 def gpt2_config(**fields) -> Config:
-    """A GPT-2-style config; any field can be overridden (e.g. d_model=768)."""
-    base = dict(norm="layer", mlp="gelu", pos="learned", bias=True, tie_embeddings=True)
-    base.update(fields)
-    return Config(**base)
+    """A GPT-2-style config (LayerNorm, exact GELU, learned positions, biases, tied head);
+    any field can be overridden (e.g. d_model=768)."""
+    return _family_config("gpt2", fields)
 
 
 def llama_config(**fields) -> Config:
-    """A Llama-style config (RMSNorm, SwiGLU, RoPE, no biases, untied head)."""
-    base = dict(norm="rms", mlp="swiglu", pos="rope", bias=False, tie_embeddings=False)
-    base.update(fields)
-    return Config(**base)
+    """A Llama-style config (RMSNorm, SwiGLU, RoPE, no biases, untied head);
+    any field can be overridden."""
+    return _family_config("llama", fields)

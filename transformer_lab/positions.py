@@ -18,13 +18,21 @@ def _positions_array(positions):
     return pos.astype(np.float64)
 
 
+def frequencies(d, base=10000.0):
+    """base^(-2i/d) for channel pair i = 0 .. d/2 - 1, in float64: [d/2].
+
+    The one definition both position signals share: pair 0 turns once per
+    2 pi positions, the last pair about base times slower.
+    """
+    return float(base) ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
+
+
 def sinusoidal_pe(positions, d, base=10000.0):
     """The Transformer paper's encoding: [len(positions), d], sin on even, cos on odd channels."""
     if d < 2 or d % 2:
         raise ValueError(f"sinusoidal_pe needs an even d >= 2, got {d}")
     pos = _positions_array(positions)
-    freqs = float(base) ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # [d/2]
-    angles = pos[:, None] * freqs[None, :]  # [T, d/2]
+    angles = pos[:, None] * frequencies(d, base)[None, :]  # [T, d/2]
     pe = np.empty((pos.shape[0], d), dtype=np.float64)
     pe[:, 0::2] = np.sin(angles)
     pe[:, 1::2] = np.cos(angles)
@@ -40,8 +48,7 @@ def rope_angles(positions, head_dim, base=10000.0):
     if head_dim < 2 or head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim >= 2, got {head_dim}")
     pos = _positions_array(positions)
-    inv_freq = float(base) ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # [D/2]
-    angles = pos[:, None] * inv_freq[None, :]  # [T, D/2]
+    angles = pos[:, None] * frequencies(head_dim, base)[None, :]  # [T, D/2]
     return np.cos(angles), np.sin(angles)
 
 

@@ -4,7 +4,7 @@ Run from the repo root, in an environment that has torch (CI does not need it):
 
     python tests/snapshots/make_snapshots.py
 
-Every reference below is computed by PyTorch, written here from scratch in
+Every reference below is computed by PyTorch (the exact GELU also by mpmath), written here from scratch in
 torch (the models) or taken from torch.nn.functional (the ops); only the
 initial weights come from transformer_lab.init_params. Each .npz holds the
 inputs and torch's outputs, in transformer_lab's layouts ([B, T, H, D] for
@@ -19,6 +19,7 @@ import json
 import math
 from pathlib import Path
 
+import mpmath  # torch depends on it (through sympy): the exact GELU reference below
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -81,6 +82,10 @@ def make_activations():
     gelu_tanh = F.gelu(xt, approximate="tanh")
     x32 = x.astype(np.float32)
     gelu32 = F.gelu(t(x32))
+    # torch's float64 GELU forms 1 + erf(x / sqrt 2), which cancels in the negative
+    # tail; x * Phi(x) at 40 digits, rounded once, is the reference for relative error.
+    with mpmath.workdps(40):
+        gelu_exact = np.array([float(mpmath.mpf(v) * mpmath.ncdf(mpmath.mpf(v))) for v in x])
 
     # SwiGLU MLP: down(silu(x @ W_gate) * (x @ W_up)).
     d, f = 32, 64
@@ -89,7 +94,8 @@ def make_activations():
     w_up = rng.normal(0.0, 1.0 / math.sqrt(d), size=(d, f))
     w_down = rng.normal(0.0, 1.0 / math.sqrt(f), size=(f, d))
     swiglu = (F.silu(t(xm) @ t(w_gate)) * (t(xm) @ t(w_up))) @ t(w_down)
-    save("activations", x=x, gelu=n(gelu), gelu_tanh=n(gelu_tanh), x32=x32, gelu32=n(gelu32),
+    save("activations", x=x, gelu=n(gelu), gelu_exact=gelu_exact, gelu_tanh=n(gelu_tanh),
+         x32=x32, gelu32=n(gelu32),
          mlp_x=xm, w_gate=w_gate, w_up=w_up, w_down=w_down, swiglu=n(swiglu))
 
 
