@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Config", "TINY", "TINY_GPT2", "gpt2_config", "llama_config",
     "init_params", "param_shapes", "named_params", "check_params", "check_tokens", "pack_weights",
-    "forward", "loss", "generate", "generate_stream", "sample_next", "KVCache", "loss_and_grads",
+    "forward", "loss",
+    "generate", "generate_stream", "sample_next", "KVCache", "loss_and_grads",
     "attention_core", "attention_reference", "attention_weights", "causal_mask",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
     "sinusoidal_pe", "rope_angles", "apply_rope", "cross_entropy",

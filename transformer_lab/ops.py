@@ -248,14 +248,10 @@ def _erf_parts(z, exp_neg_z2):
 
 
 def _float64_flat(x):
-    """x as a flat, plain float64 array, and the dtype and shape to give the result back in.
-
-    float32 input is computed in float64 on purpose and rounded once at the end: Cody's
-    approximations evaluated in float32 arithmetic miss exact GELU by up to 8 ulp,
-    against half an ulp this way. Only the result goes back into the float32 path."""
+    """x as a flat float64 array, and the dtype and shape to give the result back in."""
     x = np.asarray(x)
     dtype = x.dtype if np.issubdtype(x.dtype, np.floating) else np.dtype(np.float64)
-    return np.array(x, dtype=np.float64, subok=False).reshape(-1), dtype, x.shape
+    return x.astype(np.float64).reshape(-1), dtype, x.shape
 
 
 def erf(x):
@@ -297,27 +293,18 @@ def gelu(x):
     phi = np.where(x64 >= 0, 1.0 - 0.5 * erfc_rest, 0.5 * erfc_rest)
     phi[small] = 0.5 + 0.5 * erf_small
     # Where phi underflows to 0 the result is -0, the limit as x -> -inf (x * 0 is NaN there).
-    with np.errstate(invalid="ignore"):
-        out = np.where(phi == 0, -0.0, x64 * phi)
+    out = np.full_like(x64, -0.0)
+    np.multiply(x64, phi, out=out, where=phi != 0)
     return out.astype(dtype, copy=False).reshape(shape)[()]
 
 
 def gelu_backward(dout, x):
-    """dx of gelu: dout * (Phi(x) + x * pdf(x)), pdf(x) = exp(-x^2 / 2) / sqrt(2 pi).
-
-    Phi as gelu computes it (Cody's erfc) and the exact pdf, so this is the
-    gradient of gelu to float64 rounding. Float32 is computed in float64 and rounded.
-    """
-    x64, dtype, shape = _float64_flat(x)
-    ax = np.abs(x64)
-    small, erf_small, erfc_rest = _erf_parts(
-        x64 * 0.7071067811865476, lambda where, _: _exp_neg_square(ax[where], half=True))
-    phi = np.where(x64 >= 0, 1.0 - 0.5 * erfc_rest, 0.5 * erfc_rest)
-    phi[small] = 0.5 + 0.5 * erf_small
-    pdf = 0.3989422804014327 * _exp_neg_square(ax, half=True)  # 1/sqrt(2 pi) * exp(-x^2/2)
-    with np.errstate(invalid="ignore"):  # x * pdf -> 0 as |x| -> inf (inf * 0 is NaN)
-        slope = np.where(pdf == 0, 0.0, x64 * pdf)
-    return dout * (phi + slope).astype(dtype, copy=False).reshape(shape)
+    """dx of gelu: dout * (Phi(x) + x * pdf(x)), with Phi from the same Cody erfc as gelu
+    and the normal density pdf(x) = exp(-x^2 / 2) / sqrt(2 pi); in x's dtype."""
+    x = np.asarray(x)
+    phi = 0.5 * erfc(x * -0.7071067811865476)  # erfc(-x / sqrt 2) / 2, in x's dtype
+    pdf = np.exp(-0.5 * (x * x)) * 0.3989422804014327  # 1 / sqrt(2 pi)
+    return dout * (phi + x * pdf)
 
 
 def gelu_tanh(x):
