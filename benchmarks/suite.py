@@ -7,7 +7,6 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
 from console import to_jsonable
 
 from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
@@ -94,26 +93,12 @@ def evaluate_targets(results):
             targets.append({"name": f"attention_core at T={PEAK_AT_T} vs float32 matmul peak",
                             "target": f">= {PEAK_FRACTION_MIN:.0%}", "measured": None,
                             "measured_text": f"T={PEAK_AT_T} not run in this profile", "met": None})
-    fwd = results.get("forward")
-    if fwd:
-        ratio = fwd.get("numpy_over_torch_time")
-        targets.append({
-            "name": "forward time vs PyTorch eager (same weights, same threads)",
-            "target": f"<= {TORCH_RATIO_MAX}x", "measured": ratio,
-            "measured_text": (f"{ratio:.2f}x" if ratio is not None
-                              else f"skipped: {fwd.get('torch_skipped')}"),
-            "met": None if ratio is None else ratio <= TORCH_RATIO_MAX,
-            "steady": _steady(fwd.get("numpy"), fwd.get("torch"))})
-    tr = results.get("train")
-    if tr:
-        ratio = tr.get("numpy_over_torch_time")
-        targets.append({
-            "name": "training step time vs PyTorch eager (forward, backward, AdamW)",
-            "target": f"<= {TRAIN_TORCH_RATIO_MAX}x", "measured": ratio,
-            "measured_text": (f"{ratio:.2f}x" if ratio is not None
-                              else f"skipped: {tr.get('torch_skipped')}"),
-            "met": None if ratio is None else ratio <= TRAIN_TORCH_RATIO_MAX,
-            "steady": _steady(tr.get("numpy"), tr.get("torch"))})
+    for section, name, limit in (
+            ("forward", "forward time vs PyTorch eager (same weights, same threads)", TORCH_RATIO_MAX),
+            ("train", "training step time vs PyTorch eager (forward, backward, AdamW)",
+             TRAIN_TORCH_RATIO_MAX)):
+        if results.get(section):
+            targets.append(_vs_torch_target(name, results[section], limit))
     dec = results.get("decode")
     if dec:
         lin = dec.get("linearity")
@@ -144,6 +129,16 @@ def evaluate_targets(results):
 def _steady_figures(*stats):
     """Whether every figure a target was read from came from steady repeats."""
     return all(s is None or s.get("steady", True) for s in stats)
+
+
+def _vs_torch_target(name, section, limit):
+    """A target row for a section that timed NumPy against PyTorch on the same work."""
+    ratio = section.get("numpy_over_torch_time")
+    return {"name": name, "target": f"<= {limit}x", "measured": ratio,
+            "measured_text": (f"{ratio:.2f}x" if ratio is not None
+                              else f"skipped: {section.get('torch_skipped')}"),
+            "met": None if ratio is None else ratio <= limit,
+            "steady": _steady_figures(section.get("numpy"), section.get("torch"))}
 
 
 def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None, use_torch=True,
