@@ -82,7 +82,7 @@ TEXT = {
                   "{ms:.0%}。AdamW：betas {b1:g}、{b2:g}，权重衰减 {wd:g}。梯度都裁剪到 {c:g}。"
                   "Llama 式块：pre-norm RMSNorm、SwiGLU（MLP {ff} 宽）、RoPE，没有偏置；"
                   "{p} 个参数。",
-        "time": "12 次训练共用时 {t}（NumPy，本机）。",
+        "time": "{runs} 次训练共用时 {t}（NumPy，本机）。",
         "obs_rank": "作用最大的是“{best}”：损失从 {a} 降到 {b}，低了 {g}。"
                     "其次是“{second}”（{g2}），最小的是“{least}”（{g3}）。",
         "obs_noise": "每一步改进都比种子之间的差别大：最大的标准差只有 {s}。",
@@ -118,7 +118,7 @@ TEXT = {
                   "betas {b1:g}, {b2:g}, weight decay {wd:g}. Gradients clipped to {c:g} in "
                   "every row. Llama-style block: pre-norm RMSNorm, SwiGLU (MLP {ff} wide), "
                   "RoPE, no biases; {p} parameters.",
-        "time": "All 12 training runs took {t} (NumPy, this machine).",
+        "time": "All {runs} training runs took {t} (NumPy, this machine).",
         "obs_rank": "The change that mattered most is \"{best}\": the loss went from {a} to "
                     "{b}, {g} lower. Next is \"{second}\" ({g2}); the least is "
                     "\"{least}\" ({g3}).",
@@ -283,7 +283,8 @@ def render(result, lang="zh"):
                                   wd=result["weight_decay"],
                                   ff=result["swiglu_ff"], p=f"{result['params']['llama']:,}"),
                style="dim")
-    print_text(t["time"].format(t=fmt_time(result["seconds"])), style="dim")
+    runs = sum(len(row["losses"]) for row in result["rows"])  # rows x seeds, each trained
+    print_text(t["time"].format(runs=runs, t=fmt_time(result["seconds"])), style="dim")
     print_observations(observations(result, lang))
 
 

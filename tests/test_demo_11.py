@@ -180,3 +180,12 @@ def test_figure_plots_every_seed_and_the_means(quick):
         np.testing.assert_allclose(seg[:, 1], [row["mean"] - row["std"], row["mean"] + row["std"]])
     assert [t.get_text() for t in ax.get_xticklabels()] == [
         D11.TEXT["en"][r["name"]] for r in quick["rows"]]
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_run_count_is_rows_times_seeds(quick, lang):
+    text = " ".join(rendered_text(D11, quick, lang).split())
+    runs = len(quick["rows"]) * len(quick["seeds"])
+    assert all(len(row["losses"]) == len(quick["seeds"]) for row in quick["rows"])
+    want = f"All {runs} training runs" if lang == "en" else f"{runs} 次训练共用时"
+    assert want in text
