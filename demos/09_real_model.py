@@ -23,8 +23,8 @@ import _common  # noqa: F401  (puts the repo root on sys.path when run from a ch
 from console import (fmt_num, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
 from transformer_lab import KVCache, find_model, forward, generate, load_gguf
-from transformer_lab.chat import chat_prompt
-from transformer_lab.gguf_loader import MODEL_INSTALL_COMMAND
+from transformer_lab.cli.chat import chat_prompt
+from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
                                      read_bandwidth, speed_check, time_rows, timed)
 

@@ -26,7 +26,7 @@ from console import fmt_time, print_observations, print_section, print_table, pr
 from transformer_lab import (AdamW, clip_grad_norm, cosine_lr, cross_entropy, forward,
                              gpt2_config, init_params, llama_config, loss_and_grads, named_params)
 from transformer_lab.measure import blas_threads
-from transformer_lab.tasks import default_text_files, read_text, text_task
+from transformer_lab.training.tasks import default_text_files, read_text, text_task
 
 NUMBER = 11
 STEPS = 100

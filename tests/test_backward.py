@@ -195,7 +195,7 @@ def test_op_backwards_keep_float32():
 # ------------------------------------------------------------------ the model's pieces
 
 def test_linear_backward():
-    from transformer_lab.backward import linear_backward
+    from transformer_lab.training.backward import linear_backward
     p = {"w": rng.normal(size=(4, 3)), "b": rng.normal(size=3)}
     x = rng.normal(size=(2, 5, 4))
     check_op(lambda x, w, b: x @ w + b,
@@ -209,7 +209,7 @@ def test_linear_backward():
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
 def test_embed_backward_accumulates_repeated_tokens(pos):
     from transformer_lab import gpt2_config
-    from transformer_lab.backward import embed_backward
+    from transformer_lab.training.backward import embed_backward
     cfg = gpt2_config(vocab=7, d_model=4, n_heads=1, n_layers=1, d_ff=4, max_seq=6, pos=pos,
                       dtype=np.float64)
     tokens = np.array([[3, 1, 3], [3, 0, 6]])  # token 3 three times
@@ -230,7 +230,7 @@ def test_embed_backward_accumulates_repeated_tokens(pos):
 @pytest.mark.parametrize("tied", [False, True])
 def test_lm_head_backward(tied):
     from transformer_lab import gpt2_config
-    from transformer_lab.backward import lm_head_backward
+    from transformer_lab.training.backward import lm_head_backward
     from transformer_lab.model import lm_head
     cfg = gpt2_config(vocab=5, d_model=3, n_heads=1, n_layers=1, d_ff=4, max_seq=4,
                       tie_embeddings=tied, dtype=np.float64)

@@ -8,7 +8,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGUFValueType as V  # noqa: E402
 from tiny_gguf import NORMAL, TOKENS, llama_metadata, model_file, tiny, write_gguf  # noqa: E402,F401
 
-from transformer_lab import chat, find_model, gguf_loader, load_gguf  # noqa: E402
+from transformer_lab import find_model, load_gguf  # noqa: E402
+from transformer_lab.cli import chat  # noqa: E402
+from transformer_lab.pretrained import gguf as gguf_loader  # noqa: E402
 
 
 def installed_model():

@@ -322,8 +322,8 @@ def test_ctrl_c_at_the_chat_prompt_exits_130(tiny_gguf):
 
 
 def test_chat_notes_characters_the_vocabulary_drops_once_per_session():
-    from transformer_lab.chat import clean_question, encode_with_notes
-    from transformer_lab.tokenizer import BYTE_TO_CHAR, BPETokenizer
+    from transformer_lab.cli.chat import clean_question, encode_with_notes
+    from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, BPETokenizer
     tok = BPETokenizer([c for b, c in BYTE_TO_CHAR.items() if b != 0x04], [])
     err, shown = io.StringIO(), set()
     for _ in range(2):  # the same question again: the note is not repeated
@@ -340,7 +340,7 @@ def test_chat_notes_characters_the_vocabulary_drops_once_per_session():
 
 def corrupt_model_package(tmp_path):
     """A package of the model's name holding a cut-off GGUF file, found before the real one."""
-    from transformer_lab.gguf_loader import MODEL_FILE, MODEL_PACKAGE
+    from transformer_lab.pretrained.gguf import MODEL_FILE, MODEL_PACKAGE
     package = tmp_path / MODEL_PACKAGE
     package.mkdir()
     (package / "__init__.py").write_text("")

@@ -19,7 +19,7 @@ import console
 from _common import run_demo
 from console import fmt_time
 from transformer_lab import TINY, apply_rope, forward, init_params, rope_angles, softmax
-from transformer_lab.gguf_loader import MODEL_INSTALL_COMMAND
+from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import speed_check
 from transformer_lab.model import embed, norm
 

@@ -22,7 +22,7 @@ import pytest
 
 import transformer_lab
 import transformer_lab.attention
-import transformer_lab.backward
+import transformer_lab.training.backward
 import transformer_lab.model
 import transformer_lab.ops
 import transformer_lab.positions
@@ -227,7 +227,7 @@ def spy_backward(monkeypatch):
     _erf_family_unobserved(monkeypatch)
     proxy = _numpy_keeping_subclasses()
     for module in (transformer_lab.attention, transformer_lab.model, transformer_lab.ops,
-                   transformer_lab.positions, transformer_lab.backward):
+                   transformer_lab.positions, transformer_lab.training.backward):
         monkeypatch.setattr(module, "np", proxy)
     log = Log()
     Spy.log = log
@@ -270,12 +270,12 @@ def test_detector_catches_float64_leaving_gelu(spy_backward, monkeypatch):
 
 
 def test_detector_catches_float64_in_the_backward(spy_backward, monkeypatch):
-    real = transformer_lab.backward.silu_backward
+    real = transformer_lab.training.backward.silu_backward
 
     def silu_backward_with_float64_scalar(dout, x):
         return (real(dout, x) * np.float64(1.0)).astype(np.float32)  # hidden downstream
 
-    monkeypatch.setattr(transformer_lab.backward, "silu_backward", silu_backward_with_float64_scalar)
+    monkeypatch.setattr(transformer_lab.training.backward, "silu_backward", silu_backward_with_float64_scalar)
     _, grads = loss_and_grads(spy_params(init_params(CFG, seed=0)), CFG, _tokens(), _tokens(seed=1))
     assert grads["blocks"][0]["mlp"]["w_gate"].dtype == np.float32
     assert any(name == "multiply" for name, _, _ in offenders(spy_backward))

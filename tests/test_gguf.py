@@ -20,8 +20,9 @@ from tiny_gguf import (MERGES, SPECIALS, TENSOR_TYPES, TOKENS, TYPES,  # noqa: E
 
 from transformer_lab import (BPETokenizer, find_model, forward, init_params, named_params,  # noqa: E402
                              llama_config, load_gguf)
-from transformer_lab import gguf_loader, model  # noqa: E402
-from transformer_lab.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL  # noqa: E402
+from transformer_lab import model  # noqa: E402
+from transformer_lab.pretrained import gguf as gguf_loader  # noqa: E402
+from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL  # noqa: E402
 
 
 # ---------------------------------------------------------------- loading

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transformer_lab import KVCache, find_model, forward, generate, load_gguf
-from transformer_lab import chat
+from transformer_lab.cli import chat
 
 
 def installed_model():

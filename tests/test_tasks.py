@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import transformer_lab as tl
-from transformer_lab.tasks import DEFAULT_TEXT_MODULES, default_text_files
+from transformer_lab.training.tasks import DEFAULT_TEXT_MODULES, default_text_files
 
 
 def rng(seed=0):
@@ -43,7 +43,7 @@ def test_induction_repeats_and_ignores_first_half():
 
 
 def test_induction_all_targets_includes_first_half():
-    from transformer_lab.tasks import induction_task
+    from transformer_lab.training.tasks import induction_task
     tokens, targets = induction_task(8, 5, all_targets=True).batch(3, rng())
     np.testing.assert_array_equal(targets[:, :-1], tokens[:, 1:])
     assert np.all(targets[:, -1] == -1)

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import transformer_lab.tokenizer as tokenizer_module
+import transformer_lab.pretrained.tokenizer as tokenizer_module
 from transformer_lab import BPETokenizer
-from transformer_lab.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, CONTROL, NORMAL, USER_DEFINED,
+from transformer_lab.pretrained.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, CONTROL, NORMAL, USER_DEFINED,
                                        TokenizerWarning, bytes_to_unicode, split_gpt2,
                                        split_smollm)
 
@@ -183,7 +183,7 @@ def test_bad_ids_and_inputs(tok):
 @pytest.fixture(scope="module")
 def real_tok():
     pytest.importorskip("gguf")
-    from transformer_lab.gguf_loader import find_model, open_gguf, tokenizer_from_metadata
+    from transformer_lab.pretrained.gguf import find_model, open_gguf, tokenizer_from_metadata
     try:
         path = find_model()
     except FileNotFoundError as exc:

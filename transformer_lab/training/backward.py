@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import attention_core_backward
-from .config import Config
-from .model import check_targets, forward
-from .ops import (cross_entropy, cross_entropy_backward, gelu_backward, gelu_tanh_backward,
+from ..attention import attention_core_backward
+from ..config import Config
+from ..model import check_targets, forward
+from ..ops import (cross_entropy, cross_entropy_backward, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
-from .positions import apply_rope_backward, rope_angles
+from ..positions import apply_rope_backward, rope_angles
 
 
 def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):

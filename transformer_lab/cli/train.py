@@ -1,0 +1,486 @@
+"""Train a small transformer on a built-in task, in NumPy, and watch it learn.
+
+    python -m transformer_lab.train --task addition            # about a minute on 2 cores
+    python -m transformer_lab.train --task induction --quick   # a few seconds
+    python -m transformer_lab.train --task addition --resume --steps 1200
+
+Each step draws a batch from the task, computes the loss and every gradient
+(loss_and_grads), clips the gradient norm, sets the learning rate from the
+warmup-then-cosine schedule and takes an AdamW step. A progress bar shows
+loss, gradient norm, learning rate and tokens/s (plain lines when the output
+is not a terminal). The run writes DIR/checkpoint.npz (params, config,
+optimizer state, random state, history) and DIR/history.json; --resume
+continues from the checkpoint exactly where it stopped. Ctrl-C finishes the
+current step, saves a checkpoint and exits with status 130. Afterwards the
+model completes a few of the task's prompts.
+
+Exit codes: 0 done, 1 a data file or checkpoint could not be read or the loss
+became non-finite, 2 bad command-line options, 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..training.backward import loss_and_grads
+from ..training.checkpoint import atomic_write, config_to_dict, load_checkpoint, save_checkpoint
+from ..config import Config, gpt2_config, llama_config
+from ..measure import set_blas_threads
+from ..model import forward, init_params, named_params, sample_next
+from ..training.optim import AdamW, clip_grad_norm, cosine_lr
+from ..training.tasks import TASKS, get_task
+
+PROG = "python -m transformer_lab.train"
+ARCHS = ("llama", "gpt2")
+CHECKPOINT = "checkpoint.npz"
+HISTORY = "history.json"
+
+# Defaults, and the smaller ones --quick uses; an option given explicitly always wins.
+DEFAULTS = dict(steps=None, batch=32, d_model=64, layers=2, heads=4, lr=3e-3, seq=None)
+# Steps by task, enough for the default model to get the samples right (text: readable-ish).
+DEFAULT_STEPS = {"induction": 200, "addition": 600, "reverse": 400, "text": 500}
+QUICK = dict(steps=30, batch=8, d_model=32, layers=2, heads=2, lr=3e-3, seq=None)
+QUICK_SEQ = {"induction": 16, "reverse": 8, "text": 32}
+# Below this width the matmuls are too small for a second BLAS thread to pay; on a busy
+# machine it costs several times the step time, as the threads wait for each other.
+MANY_THREADS_FROM = 256
+# On --resume the model and its data are the checkpoint's; the training options may change.
+FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed")
+CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
+
+
+# ---------------------------------------------------------------- one step
+
+def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0):
+    """One optimisation step in place: (loss, gradient norm before clipping).
+
+    clip=None skips clipping (the norm is still measured and returned).
+    """
+    loss, grads = loss_and_grads(params, cfg, tokens, targets)
+    if clip is None:
+        norm = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for _, g in named_params(grads)))
+    else:
+        norm = clip_grad_norm(grads, clip)
+    if math.isfinite(loss) and math.isfinite(norm):
+        opt.step(grads)
+    return loss, norm
+
+
+def make_config(task, arch, d_model, layers, heads) -> Config:
+    """The model for a task: float32, the task's vocabulary and sequence length."""
+    build = llama_config if arch == "llama" else gpt2_config
+    return build(vocab=task.vocab, d_model=d_model, n_heads=heads, n_layers=layers,
+                 d_ff=4 * d_model, max_seq=task.seq, dtype=np.float32)
+
+
+# ---------------------------------------------------------------- command line
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (naming the valid choices), then exit 2."""
+
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def _int_at_least(low):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
+def _float_range(low, *, low_open=False):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (low_open and value == low):
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {'>' if low_open else '>='} {low:g}, got {text}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def build_parser():
+    p = OneLineParser(
+        prog=PROG, description="Train a small transformer on a built-in task in pure NumPy.",
+        epilog="Exit codes: 0 done, 1 unreadable data or checkpoint, or a non-finite loss, "
+               "2 bad options, 130 interrupted (a checkpoint is saved first).")
+    p.add_argument("--task", choices=TASKS, metavar="TASK", default="addition",
+                   help="induction, addition (default), reverse or text")
+    p.add_argument("--data", metavar="FILE",
+                   help="text file for --task text (default: a fixed selection of the "
+                        "Python standard library's own sources)")
+    p.add_argument("--digits", metavar="N", type=_int_at_least(1), help="addition: digits per number (default 3)")
+    p.add_argument("--seq", metavar="T", type=_int_at_least(2), help="tokens per row (induction 64, "
+                   "reverse 16, text 64; addition's is 3*digits+2)")
+    p.add_argument("--steps", metavar="N", type=_int_at_least(1), help="total steps (default: induction 200, addition 600, reverse 400, "
+                        "text 500)")
+    p.add_argument("--batch", metavar="B", type=_int_at_least(1), help=f"rows per step (default {DEFAULTS['batch']})")
+    p.add_argument("--lr", metavar="LR", type=_float_range(0, low_open=True),
+                   help=f"peak learning rate (default {DEFAULTS['lr']:g})")
+    p.add_argument("--min-lr", metavar="LR", type=_float_range(0), help="final learning rate (default lr/10)")
+    p.add_argument("--warmup", metavar="N", type=_int_at_least(0), help="warmup steps (default steps/10)")
+    p.add_argument("--weight-decay", metavar="WD", type=_float_range(0), default=0.1,
+                   help="AdamW weight decay on matrices (default 0.1)")
+    p.add_argument("--clip", metavar="NORM", type=_float_range(0, low_open=True), default=1.0,
+                   help="clip the gradient norm to this (default 1.0)")
+    p.add_argument("--arch", choices=ARCHS, metavar="ARCH", default="llama",
+                   help="llama (RMSNorm, SwiGLU, RoPE; default) or gpt2 (LayerNorm, GELU, "
+                        "learned positions, tied head)")
+    p.add_argument("--d-model", metavar="D", type=_int_at_least(1), help=f"width (default {DEFAULTS['d_model']})")
+    p.add_argument("--layers", metavar="N", type=_int_at_least(1), help=f"blocks (default {DEFAULTS['layers']})")
+    p.add_argument("--heads", metavar="H", type=_int_at_least(1), help=f"attention heads (default {DEFAULTS['heads']})")
+    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed for the weights and the batches (default 0)")
+    p.add_argument("--out", metavar="DIR", help="where the checkpoint and history go "
+                   "(default runs/TASK)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from DIR/checkpoint.npz; --steps is the new total")
+    p.add_argument("--save-every", metavar="N", type=_int_at_least(0), default=100,
+                   help="also save a checkpoint every N steps (default 100; 0: only at the end)")
+    p.add_argument("--samples", metavar="N", type=_int_at_least(0), default=3,
+                   help="prompts to complete after training (default 3)")
+    p.add_argument("--threads", metavar="N", type=_int_at_least(1),
+                   help=f"BLAS threads (default 1 below --d-model {MANY_THREADS_FROM}, where a "
+                        "second thread does not pay, else the BLAS default)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a tiny run: {QUICK['steps']} steps, batch {QUICK['batch']}, "
+                        f"d_model {QUICK['d_model']}, {QUICK['heads']} heads, short rows")
+    return p
+
+
+def resolve(args, parser):
+    """Fill in defaults (--quick's or the normal ones) and check the options fit together."""
+    preset = QUICK if args.quick else DEFAULTS
+    for key in ("steps", "batch", "d_model", "layers", "heads", "lr"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS[args.task]
+    if args.data is not None and args.task != "text":
+        parser.error(f"--data applies to --task text only, not --task {args.task}")
+    if args.digits is not None and args.task != "addition":
+        parser.error(f"--digits applies to --task addition only, not --task {args.task}")
+    if args.seq is not None and args.task == "addition":
+        parser.error("--seq does not apply to --task addition: its rows are 3*digits+2 "
+                     "tokens; use --digits")
+    if args.seq is not None and args.task in ("induction", "reverse") and args.seq % 2:
+        parser.error(f"--seq must be even for --task {args.task}, got {args.seq}")
+    if args.seq is None and args.quick:
+        args.seq = QUICK_SEQ.get(args.task)
+    if args.d_model % args.heads:
+        parser.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
+    if args.arch == "llama" and (args.d_model // args.heads) % 2:
+        parser.error(f"--arch llama (RoPE) needs an even head size; --d-model {args.d_model} / "
+                     f"--heads {args.heads} = {args.d_model // args.heads}")
+    if args.warmup is None:
+        args.warmup = args.steps // 10
+    if args.warmup >= args.steps:
+        parser.error(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
+    if args.min_lr is None:
+        args.min_lr = args.lr / 10
+    if args.min_lr > args.lr:
+        parser.error(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
+    args.out = Path(args.out) if args.out else Path("runs") / args.task
+    return args
+
+
+def task_options(args) -> dict:
+    """What rebuilds the task: stored in the checkpoint, so --resume trains on the same data."""
+    data = None if args.data is None else str(Path(args.data).resolve())
+    return {"name": args.task, "seq": args.seq, "digits": args.digits, "data": data}
+
+
+def build_task(opts):
+    kwargs = {"seq": opts["seq"], "data": opts["data"]}
+    if opts["digits"] is not None:
+        kwargs["digits"] = opts["digits"]
+    return get_task(opts["name"], **kwargs)
+
+
+# ---------------------------------------------------------------- progress display
+
+class Progress:
+    """A rich progress bar on a terminal; plain lines, about ten per run, otherwise."""
+
+    def __init__(self, first, total):
+        from rich.console import Console
+        options = {"highlight": False}
+        if os.environ.get("NO_COLOR"):
+            options["color_system"] = None  # no escape codes for colour or style at all
+        self.console = Console(**options)
+        self.first, self.total = first, total
+        self.recent = collections.deque(maxlen=10)  # (tokens, seconds) of the last steps
+        self.every = max(1, (total - first) // 10)
+        self.bar = None
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+            # Fits 80 columns up to 99,999 steps: step n/N, a short bar, the figures, time left.
+            self.bar = RichProgress(
+                TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=10),
+                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                console=self.console, transient=False)
+            self.task = self.bar.add_task("train", total=total, completed=first, stats="")
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def print(self, text):
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def update(self, row):
+        self.recent.append((row["tokens_per_s"] * row["seconds"], row["seconds"]))
+        rate = sum(t for t, _ in self.recent) / sum(s for _, s in self.recent)  # last 10 steps
+        stats = (f"loss {row['loss']:.3f} |g| {row['grad_norm']:.2f} lr {row['lr']:.1e} "
+                 f"{rate / 1000:.1f}k tok/s")
+        if self.bar is not None:
+            self.bar.update(self.task, completed=row["step"], stats=stats)
+        elif row["step"] == self.first + 1 or row["step"] % self.every == 0 \
+                or row["step"] == self.total:
+            width = len(str(self.total))
+            self.print(f"step {row['step']:>{width}}/{self.total}  {stats}")
+
+
+# ---------------------------------------------------------------- files
+
+def write_json_atomic(path: Path, obj):
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+
+
+def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts):
+    save_checkpoint(args.out / CHECKPOINT, params, cfg, step=step, optimizer=opt.state_dict(),
+                    rng=rng.bit_generator.state, history=history, options=run_opts,
+                    task=task_opts)
+    write_json_atomic(args.out / HISTORY, {
+        "task": task_opts, "options": run_opts,
+        "config": config_to_dict(cfg),
+        "step": step, "history": history})
+
+
+# ---------------------------------------------------------------- samples
+
+def complete(params, cfg, prompt, n, *, rng=None, temperature=0.0):
+    """The prompt [P] continued by n tokens (greedy, or sampled at `temperature`).
+
+    Recomputes the whole prefix each step; the last new token is never fed back,
+    so a row of max_seq tokens can predict its final answer digit.
+    """
+    tokens = np.asarray(prompt, dtype=np.int64)[None, :]  # [1, P]
+    out = []
+    for _ in range(n):
+        logits = forward(params, cfg, tokens[:, -cfg.max_seq:])[:, -1]  # [1, V]
+        nxt = sample_next(logits, greedy=temperature == 0, temperature=temperature, rng=rng)
+        out.append(int(nxt[0]))
+        tokens = np.concatenate([tokens, np.asarray(nxt, dtype=np.int64)[:, None]], axis=1)
+    return np.array(out, dtype=np.int64)
+
+
+def _clip(text, width):
+    """text, or its first and last few characters around "…" when longer than width."""
+    if len(text) <= width:
+        return text
+    keep = (width - 1) // 2
+    return text[:keep] + "…" + text[-keep:]
+
+
+def show_samples(task, params, cfg, n, seed, printer):
+    """Complete n of the task's prompts; for tasks with answers, say which are right."""
+    rng = np.random.default_rng(seed + 7919)  # not the training stream
+    right = 0
+    for _ in range(n):
+        prompt, answer = task.example(rng)
+        if answer is None:  # free text: sample a continuation
+            budget = cfg.max_seq - len(prompt)
+            got = complete(params, cfg, prompt, budget, rng=rng, temperature=0.8)
+            # The prompt, then " >>> " where the model takes over; the text keeps its newlines.
+            printer(f"{task.decode(prompt)} >>> {task.decode(got)}")
+            continue
+        got = complete(params, cfg, prompt, len(answer))
+        ok = np.array_equal(got, answer)
+        right += ok
+        sep = " " if task.name == "induction" else ""
+        verdict = "right" if ok else f"wrong, expected {_clip(task.decode(answer), 24)}"
+        printer(f"{_clip(task.decode(prompt), 24)}{sep}{_clip(task.decode(got), 24)}   {verdict}")
+    return right
+
+
+# ---------------------------------------------------------------- the run
+
+class Interrupted:
+    """The first Ctrl-C asks the loop to stop after the current step; a second one stops at once."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self.previous = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.previous)
+
+
+def run(args, parser) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / CHECKPOINT
+    if args.resume:
+        try:
+            cfg, params, extra = load_checkpoint(path)
+        except FileNotFoundError:
+            print(f"error: --resume: no checkpoint at {path}; train without --resume first",
+                  file=sys.stderr)
+            return 1
+        except ValueError as exc:
+            print(f"error: --resume: {exc}", file=sys.stderr)
+            return 1
+        task_opts = extra["task"]
+        if task_opts["name"] != args.task:
+            parser.error(f"--resume: {path} was trained on --task {task_opts['name']}, "
+                         f"not --task {args.task}")
+        step, history = int(extra["step"]), list(extra["history"])
+        run_opts = dict(extra["options"])
+        for key in FIXED_ON_RESUME:
+            option = "--" + key.replace("_", "-")
+            if _given(option) and getattr(args, key) != run_opts[key]:
+                parser.error(f"--resume: {path} has {option} {run_opts[key]}; "
+                             f"{option} {getattr(args, key)} would need a new run")
+        for key in ("steps", *CHANGEABLE_ON_RESUME):
+            if _given("--" + key.replace("_", "-")):
+                run_opts[key] = getattr(args, key)
+        if run_opts["warmup"] >= run_opts["steps"] or run_opts["min_lr"] > run_opts["lr"]:
+            parser.error(f"--resume: warmup {run_opts['warmup']} must be below steps "
+                         f"{run_opts['steps']} and min-lr {run_opts['min_lr']:g} at most "
+                         f"lr {run_opts['lr']:g}")
+        if step >= run_opts["steps"]:
+            parser.error(f"--resume: {path} is already at step {step} of {run_opts['steps']}; "
+                         f"give a larger --steps")
+        rng = np.random.default_rng()
+        rng.bit_generator.state = extra["rng"]
+        opt = AdamW(params)
+        opt.load_state_dict(extra["optimizer"])
+        opt.weight_decay = run_opts["weight_decay"]
+    else:
+        task_opts = task_options(args)
+        run_opts = {k: getattr(args, k) for k in
+                    ("steps", "batch", "lr", "min_lr", "warmup", "weight_decay", "clip", "arch",
+                     "d_model", "layers", "heads", "seed")}
+        step, history = 0, []
+        rng = None
+    try:
+        task = build_task(task_opts)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not args.resume:
+        cfg = make_config(task, args.arch, args.d_model, args.layers, args.heads)
+        params = init_params(cfg, seed=args.seed)
+        opt = AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+        rng = np.random.default_rng(args.seed)
+    total = run_opts["steps"]
+    n_params = sum(a.size for _, a in named_params(params))
+    threads = args.threads or (1 if cfg.d_model < MANY_THREADS_FROM else None)
+    if threads is not None:
+        set_blas_threads(threads)
+
+    with Progress(step, total) as progress:
+        progress.print(f"{task.name}: {task.description}")
+        progress.print(f"model: {run_opts['arch']}, d_model {cfg.d_model}, {cfg.n_layers} layers, "
+                       f"{cfg.n_heads} heads, vocab {cfg.vocab}, {n_params:,} params, float32; "
+                       f"batch {run_opts['batch']} x {task.seq} tokens; "
+                       f"BLAS threads {threads or 'default'}"
+                       + (f"; resuming at step {step}" if step else ""))
+        with Interrupted() as stop:
+            while step < total and not stop.requested:
+                tokens, targets = task.batch(run_opts["batch"], rng)
+                opt.lr = cosine_lr(step, max_lr=run_opts["lr"], warmup=run_opts["warmup"],
+                                   total=total, min_lr=run_opts["min_lr"])
+                start = time.perf_counter()
+                loss, norm = train_step(params, cfg, opt, tokens, targets, clip=run_opts["clip"])
+                seconds = time.perf_counter() - start
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    progress.print(f"error: the loss became {loss} (grad norm {norm}) at step "
+                                   f"{step + 1}; nothing was saved. Try a lower --lr.")
+                    return 1
+                step += 1
+                row = {"step": step, "loss": loss, "grad_norm": norm, "lr": opt.lr,
+                       "seconds": seconds, "tokens_per_s": tokens.size / seconds}
+                history.append(row)
+                progress.update(row)
+                if args.save_every and step % args.save_every == 0 and step < total:
+                    save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts)
+            # Still inside Interrupted: a Ctrl-C now waits for the save to finish.
+            save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts)
+            interrupted = stop.requested
+    if interrupted:
+        print(f"interrupted: saved step {step} of {total} to {path}; continue with "
+              f"--resume --out {args.out}", file=sys.stderr)
+        return 130
+
+    recent = history[-min(len(history), 20):]
+    first = history[0]["loss"]
+    say = progress.print
+    say(f"loss {first:.3f} at step 1 -> {np.mean([r['loss'] for r in recent]):.3f} "
+        f"(mean of the last {len(recent)} steps); "
+        f"{np.mean([r['tokens_per_s'] for r in recent]) / 1000:.1f}k tokens/s")
+    say(f"saved {path} and {args.out / HISTORY}")
+    if args.samples:
+        say("samples:")
+        right = show_samples(task, params, cfg, args.samples, run_opts["seed"],
+                             lambda text: say("  " + text))
+        if task.name != "text":
+            say(f"{right} of {args.samples} right")
+    return 0
+
+
+_ARGV: list = []
+
+
+def _given(option) -> bool:
+    return any(a == option or a.startswith(option + "=") for a in _ARGV)
+
+
+def main(argv=None) -> int:
+    global _ARGV
+    _ARGV = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = resolve(parser.parse_args(_ARGV), parser)
+    try:
+        return run(args, parser)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Pretrained models: the GGUF loader, the BPE tokenizer and the chat template."""

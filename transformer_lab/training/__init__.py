@@ -1,0 +1,1 @@
+"""Training in NumPy: the hand-written backward pass, AdamW, tasks and checkpoints."""
