@@ -99,14 +99,14 @@ def run_decode(cfg, params, *, contexts=(128, 512, 2048), repeats_cached=20, rep
         forward(params, cfg, prompt, cache=cache)  # prefill
 
         def cached_step():
-            cache.length = context
+            cache.truncate(context)
             return forward(params, cfg, nxt, cache=cache)
 
         cached = measure(cached_step, repeats=repeats_cached, warmup=2)
         recompute = measure(lambda: forward(params, cfg, tokens), repeats=repeats_recompute,
                             warmup=1)
         # The cached step's last logits must match the recomputed ones.
-        cache.length = context
+        cache.truncate(context)
         diff = float(np.max(np.abs(cached_step()[:, -1] - forward(params, cfg, tokens)[:, -1])))
         rows.append({"context": context,
                      "cached_ms": cached["best_s"] * 1e3, "cached_median_ms": cached["median_s"] * 1e3,

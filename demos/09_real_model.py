@@ -199,7 +199,7 @@ class Decoder:
 
     def step(self):
         if self.cache.length == self.cache.max_len:
-            self.cache.length = self.prefill
+            self.cache.truncate(self.prefill)
         logits = forward(self.params, self.cfg, self.next[:, None], cache=self.cache)[:, -1]
         self.next = np.argmax(logits, axis=-1)
 

@@ -22,7 +22,9 @@ import pytest
 
 import transformer_lab
 import transformer_lab.attention
+import transformer_lab.cache
 import transformer_lab.training.backward
+import transformer_lab.generation
 import transformer_lab.model
 import transformer_lab.ops
 import transformer_lab.positions
@@ -99,8 +101,8 @@ def spy(monkeypatch):
     """Record only inside forward(): sampling after the model may use float64 by design."""
     _erf_family_unobserved(monkeypatch)
     proxy = _numpy_keeping_subclasses()
-    for module in (transformer_lab.attention, transformer_lab.model, transformer_lab.ops,
-                   transformer_lab.positions):
+    for module in (transformer_lab.attention, transformer_lab.cache, transformer_lab.model,
+                   transformer_lab.ops, transformer_lab.positions):
         monkeypatch.setattr(module, "np", proxy)
     # Every forward pass, direct or from generate's decode loop, runs through this one.
     real_forward = transformer_lab.model._forward_unchecked
@@ -115,6 +117,7 @@ def spy(monkeypatch):
             Spy.log = None
 
     monkeypatch.setattr(transformer_lab.model, "_forward_unchecked", recording_forward)
+    monkeypatch.setattr(transformer_lab.generation, "_forward_unchecked", recording_forward)
     yield log
     Spy.log = None
 
@@ -181,7 +184,7 @@ def test_generate_stays_float32(spy, monkeypatch, sampling):
             super().__init__(*args, **kwargs)
             caches.append(self)
 
-    monkeypatch.setattr(transformer_lab.model, "KVCache", RecordingCache)
+    monkeypatch.setattr(transformer_lab.generation, "KVCache", RecordingCache)
     out = generate(_params(), CFG, _tokens(T=4), 5, **sampling)
     assert out.shape == (2, 9)
     assert len(caches) == 1

@@ -199,9 +199,9 @@ def test_apply_rope_rank_too_small():
         apply_rope(np.zeros((1, 4)), cos, sin)
 
 
-def test_rope_positions_not_1d():
-    with pytest.raises(ValueError, match=r"positions must be 1-D"):
-        rope_angles([[0, 1]], 4)
+def test_rope_positions_not_1d_or_2d():
+    with pytest.raises(ValueError, match=r"positions must be 1-D \[T\] or 2-D \[B, T\]"):
+        rope_angles([[[0, 1]]], 4)
 
 
 # ------------------------------------------------------------------ params
@@ -325,11 +325,12 @@ def test_good_seeds(params):
 
 
 def test_generate_checks_the_params_once_not_per_token(monkeypatch):
-    from transformer_lab import model
+    from transformer_lab import generation as gen, model
     p = init_params(TINY, seed=0)
     checks = []
     real_check = model.check_params
-    monkeypatch.setattr(model, "check_params", lambda *a: checks.append(1) or real_check(*a))
+    for module in (model, gen):
+        monkeypatch.setattr(module, "check_params", lambda *a: checks.append(1) or real_check(*a))
     for use_cache in (True, False):
         checks.clear()
         assert generate(p, TINY, ok_tokens(), 5, use_cache=use_cache, seed=0).shape == (1, 9)
@@ -366,9 +367,9 @@ def test_generate_stops_at_non_finite_logits():
 
 
 def test_generate_names_the_step_where_logits_go_bad(monkeypatch):
-    from transformer_lab import model
+    from transformer_lab import generation as gen
     p = init_params(TINY, seed=0)
-    real_forward = model._forward_unchecked  # what the decode loop calls
+    real_forward = gen._forward_unchecked  # what the decode loop calls
     calls = []
 
     def forward_that_breaks(*args, **kwargs):
@@ -376,8 +377,8 @@ def test_generate_names_the_step_where_logits_go_bad(monkeypatch):
         logits = real_forward(*args, **kwargs)
         return logits * np.inf if len(calls) == 4 else logits  # the 4th pass: step 3
 
-    monkeypatch.setattr(model, "_forward_unchecked", forward_that_breaks)
-    stream = model.generate_stream(p, TINY, ok_tokens(), 6, greedy=True)
+    monkeypatch.setattr(gen, "_forward_unchecked", forward_that_breaks)
+    stream = gen.generate_stream(p, TINY, ok_tokens(), 6, greedy=True)
     assert len([next(stream) for _ in range(3)]) == 3
     with pytest.raises(ValueError, match=r"logits at step 3 are not finite"):
         next(stream)

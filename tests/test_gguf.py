@@ -107,8 +107,8 @@ def test_loaded_projections_are_packed(model_file):
         assert mlp["w_up"].base.shape == (cfg.d_model, 2 * cfg.d_ff)
         assert attn["wo"].base is None and mlp["w_down"].base is None
         # dequantized straight into the packed arrays, which forward then uses
-        assert model._packed(attn, model.QKV) is qkv
-        assert model._packed(mlp, model.GATE_UP) is mlp["w_up"].base
+        assert attn.product("wqkv") is qkv
+        assert mlp.product("w_gate_up") is mlp["w_up"].base
     assert loaded["tok_emb"].flags.f_contiguous  # tied head: tok_emb.T is row-major
 
 

@@ -9,6 +9,7 @@ from transformer_lab import (TINY, TINY_GPT2, KVCache, check_params, forward, ge
                              gpt2_config, init_params, llama_config, loss, named_params, pack_weights,
                              param_shapes, sample_next)
 from transformer_lab import model as tl_model
+from transformer_lab.params import GATE_UP, QKV, PackedGroup, empty_packed_params
 from reference import ref_forward, ref_loss
 
 # A float32 Llama-style config (GQA, RoPE) and a few position variants in float64.
@@ -586,11 +587,11 @@ def test_pack_weights_keeps_the_layout_and_the_values(cfg):
     for (name, got), (_, want) in zip(leaves(packed), leaves(plain)):
         np.testing.assert_array_equal(got, want, err_msg=name)
     for block in packed["blocks"]:
-        qkv = tl_model._packed(block["attn"], tl_model.QKV)
-        assert qkv is not None and all(np.shares_memory(block["attn"][k], qkv) for k in tl_model.QKV)
-        gate_up = tl_model._packed(block["mlp"], tl_model.GATE_UP) if cfg.mlp == "swiglu" else None
+        qkv = block["attn"].product("wqkv")
+        assert qkv is not None and all(np.shares_memory(block["attn"][k], qkv) for k in QKV)
+        gate_up = block["mlp"].product("w_gate_up") if cfg.mlp == "swiglu" else None
         assert (gate_up is not None) == (cfg.mlp == "swiglu")
-    assert all(tl_model._packed(b["attn"], tl_model.QKV) is None for b in plain["blocks"])
+    assert not any(isinstance(b["attn"], PackedGroup) for b in plain["blocks"])
     # a tied head's tok_emb turns column-major, so tok_emb.T is a row-major [d, vocab]
     assert packed["tok_emb"].flags.f_contiguous == cfg.tie_embeddings
     assert packed["tok_emb"].T.flags.c_contiguous == cfg.tie_embeddings
@@ -646,59 +647,67 @@ def test_writing_into_a_packed_view_is_honoured():
     packed["blocks"][1]["mlp"]["w_up"][:, :5] = 0.0
     plain["blocks"][0]["attn"]["wk"] *= 3.0
     plain["blocks"][1]["mlp"]["w_up"][:, :5] = 0.0
-    assert tl_model._packed(packed["blocks"][0]["attn"], tl_model.QKV) is not None
+    assert packed["blocks"][0]["attn"].product("wqkv") is not None
     np.testing.assert_allclose(forward(packed, cfg, toks), forward(plain, cfg, toks),
                                rtol=1e-12, atol=1e-12)
 
 
-def test_only_the_views_pack_weights_made_count_as_packed():
+def test_a_new_array_under_a_packed_key_drops_only_its_own_product():
     cfg = TINY
     _, packed = packed_params(cfg, 78)
-    attn = packed["blocks"][0]["attn"]
-    qkv = attn["wq"].base
-    attn["wk"], attn["wv"] = attn["wv"], attn["wk"]  # same array, same shapes (GQA), swapped
-    assert tl_model._packed(attn, tl_model.QKV) is None
-    attn["wk"], attn["wv"] = attn["wv"], attn["wk"]
-    assert tl_model._packed(attn, tl_model.QKV) is qkv
-    # Another view of the same columns is right, but not known to be: the safe fallback.
-    attn["wq"] = attn["wq"][:, :]
-    assert np.shares_memory(attn["wq"], qkv) and tl_model._packed(attn, tl_model.QKV) is None
+    attn, mlp = packed["blocks"][0]["attn"], packed["blocks"][0]["mlp"]
+    attn["wk"], attn["wv"] = attn["wv"], attn["wk"]  # same arrays, same shapes (GQA), swapped
+    assert attn.product("wqkv") is None  # fell back: the swap is honoured
+    assert mlp.product("w_gate_up") is not None
+    mlp.update(w_up=mlp["w_up"].copy())
+    assert mlp.product("w_gate_up") is None
+    other = packed["blocks"][1]["attn"]
+    other["bq_not_a_weight"] = 0  # a key outside the packed product leaves it packed
+    assert other.product("wqkv") is not None
+    del other["bq_not_a_weight"]
     toks = tokens_for(cfg, 1, 5, 79)
     np.testing.assert_allclose(forward(packed, cfg, toks), forward(copied(packed), cfg, toks),
                                rtol=1e-12, atol=1e-12)
 
 
-def test_pack_weights_adopts_arrays_that_are_already_packed():
-    # A loader can fill packed_layout's arrays and let pack_weights register them: no copy.
+def test_copies_and_pickles_of_a_packed_group_are_plain_dicts():
+    import copy
+    import pickle
+    _, packed = packed_params(TINY, 80)
+    attn = packed["blocks"][0]["attn"]
+    for twin in (copy.copy(attn), copy.deepcopy(attn), pickle.loads(pickle.dumps(attn)), attn.copy()):
+        assert type(twin) is dict and twin.keys() == attn.keys()
+        np.testing.assert_array_equal(twin["wk"], attn["wk"])
+    deep = copy.deepcopy(packed)
+    deep["blocks"][0]["attn"]["wk"][:] = 0.0  # a deep copy's views own their memory now
+    assert np.any(attn["wk"] != 0) and not isinstance(deep["blocks"][0]["attn"], PackedGroup)
+    toks = tokens_for(TINY, 1, 5, 81)
+    np.testing.assert_allclose(forward(copy.deepcopy(packed), TINY, toks), forward(packed, TINY, toks),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_pack_weights_leaves_packed_groups_as_they_are():
     cfg = TINY.replace(tie_embeddings=True)
     plain = init_params(cfg, seed=81)
-    targets = tl_model.packed_layout(cfg)
-    params = copied(plain)
-    for keys, target in targets.items():
-        node = params
-        for k in keys[:-1]:
-            node = node[k]
-        np.copyto(target, node[keys[-1]])
-        node[keys[-1]] = target
-    bases = [b["attn"]["wq"].base for b in params["blocks"]]
+    params = pack_weights(copied(plain), cfg)
+    products = [b["attn"].product("wqkv") for b in params["blocks"]]
     embedding = params["tok_emb"]
     pack_weights(params, cfg)
-    assert [b["attn"]["wq"].base for b in params["blocks"]] == bases  # the same arrays
+    assert [b["attn"].product("wqkv") for b in params["blocks"]] == products  # the same arrays
     assert params["tok_emb"] is embedding and embedding.flags.f_contiguous
-    assert all(tl_model._packed(b["attn"], tl_model.QKV) is not None for b in params["blocks"])
     toks = tokens_for(cfg, 1, 5, 82)
     np.testing.assert_allclose(forward(params, cfg, toks), forward(plain, cfg, toks),
                                rtol=1e-12, atol=1e-12)
 
 
-def test_packed_params_are_freed_with_their_params():
-    import gc
-    before = len(tl_model._PACKS)
-    _, packed = packed_params(TINY, 80)
-    assert len(tl_model._PACKS) == before + 2 * TINY.n_layers  # Q/K/V and gate/up per layer
-    del packed
-    gc.collect()
-    assert len(tl_model._PACKS) == before
+def test_empty_packed_params_are_laid_out_as_pack_weights_leaves_them():
+    cfg = TINY.replace(tie_embeddings=True)
+    empty = empty_packed_params(cfg)
+    check_params(empty, cfg)
+    for block in empty["blocks"]:
+        assert all(block["attn"][k].base is block["attn"].product("wqkv") for k in QKV)
+        assert all(block["mlp"][k].base is block["mlp"].product("w_gate_up") for k in GATE_UP)
+    assert empty["tok_emb"].flags.f_contiguous
 
 
 # ------------------------------------------------------------------ biases follow the config

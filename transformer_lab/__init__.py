@@ -6,8 +6,10 @@ from .cache import KVCache
 from .training.checkpoint import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .pretrained.gguf import find_model, load_gguf
-from .model import (check_params, check_tokens, forward, generate, generate_stream, init_params,
-                    loss, named_params, pack_weights, param_shapes, sample_next)
+from .generation import generate, generate_stream, sample_next
+from .model import check_tokens, forward, loss
+from .params import (PackedGroup, check_params, init_params, map_params, named_params,
+                     pack_weights, param_shapes)
 from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backward, gelu_tanh,
                   gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
                   rms_norm_backward, silu, silu_backward, softmax)
@@ -20,7 +22,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Config", "TINY", "TINY_GPT2", "gpt2_config", "llama_config",
-    "init_params", "param_shapes", "named_params", "check_params", "check_tokens", "pack_weights",
+    "init_params", "param_shapes", "named_params", "map_params", "check_params", "check_tokens",
+    "pack_weights", "PackedGroup",
     "forward", "loss",
     "generate", "generate_stream", "sample_next", "KVCache", "loss_and_grads",
     "attention_core", "attention_reference", "attention_weights", "causal_mask",

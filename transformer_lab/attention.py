@@ -3,6 +3,8 @@
 One function serves every case the course needs: multi-head (G = H),
 grouped-query (1 < G < H) and multi-query (G = 1) attention, full-sequence
 prefill (offset 0) and cached decode (offset = tokens already in the cache).
+The offset is an int shared by the batch, or one per row ([B]) when the rows
+sit at different positions: row b's query i is then at position offset[b] + i.
 """
 from __future__ import annotations
 
@@ -19,13 +21,33 @@ def causal_mask(T, S, offset=0):
     return np.arange(S)[None, :] <= (offset + np.arange(T))[:, None]
 
 
-def _check_offset(offset) -> int:
-    """offset as an int: it counts cached tokens, so 0.7 or "3" is a mistake, not a value to round."""
+def visible_keys(offset, T, S, *, causal=True, rows=None):
+    """Boolean [B, T, S] for per-row offsets [B] (or [1, T, S] for an int): True where row
+    b's query i (at position offset[b] + i) may see key j. Without causal, a row sees
+    its own offset[b] + T keys, the ones it holds. `rows` = (t0, t1) takes queries t0..t1-1."""
+    t0, t1 = (0, T) if rows is None else rows
+    offset = np.atleast_1d(np.asarray(offset))[:, None, None]  # [B, 1, 1]
+    limit = offset + (np.arange(t0, t1)[None, :, None] + 1 if causal else T)  # [B, rows, 1]
+    return np.arange(S)[None, None, :] < limit  # [B, rows, S]
+
+
+def _check_offset(offset):
+    """offset as an int, or as an int64 array [B] of per-row offsets: it counts cached
+    tokens, so 0.7 or "3" is a mistake, not a value to round. Per-row offsets that all
+    agree become that int, which takes the faster shared path."""
+    if isinstance(offset, np.ndarray) and offset.ndim == 1:
+        if offset.size and not np.issubdtype(offset.dtype, np.integer):
+            raise ValueError(f"attention_core: per-row offsets must be integers, got dtype "
+                             f"{offset.dtype}")
+        if offset.size and (offset == offset[0]).all():
+            return int(offset[0])
+        return offset.astype(np.int64)
     try:
         return operator.index(offset)  # int or NumPy integer; a float raises
     except TypeError:
         raise ValueError(f"attention_core: offset must be an integer (the number of tokens "
-                         f"before the first query), got {offset!r}") from None
+                         f"before the first query) or a 1-D int array of one per row, "
+                         f"got {offset!r}") from None
 
 
 def _check_shapes(q, k, v, offset, causal):
@@ -46,14 +68,19 @@ def _check_shapes(q, k, v, offset, causal):
                          f"need at least one")
     if H % G:
         raise ValueError(f"attention_core: H={H} query heads is not a multiple of G={G} K/V heads")
-    if offset < 0:
-        raise ValueError(f"attention_core: offset must be >= 0, got {offset}")
+    per_row = isinstance(offset, np.ndarray)
+    if per_row and offset.shape != (B,):
+        raise ValueError(f"attention_core: per-row offsets must be [B] = [{B}], "
+                         f"got shape {offset.shape}")
+    low, high = (int(offset.min()), int(offset.max())) if per_row else (offset, offset)
+    if low < 0:
+        raise ValueError(f"attention_core: offset must be >= 0, got {low}")
     if not causal and S == 0 and T > 0:
         raise ValueError(f"attention_core: k/v have S=0 keys, shape {k.shape}; every query "
                          f"needs at least one key to attend to")
-    if causal and offset + T > S:
+    if (causal or per_row) and high + T > S:
         raise ValueError(
-            f"attention_core: offset + T = {offset} + {T} exceeds S = {S} keys; "
+            f"attention_core: offset + T = {high} + {T} exceeds S = {S} keys; "
             f"the last query would need keys that do not exist")
 
 
@@ -67,7 +94,10 @@ def _reference_weights(q, k, offset, causal, scale):
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     qg = q.reshape(B, T, G, R, D)  # [B, T, G, R, D], a view: no K/V is repeated per head
     scores = np.einsum("btgrd,bsgd->bgrts", qg, k, optimize=True) * scale  # [B, G, R, T, S]
-    if causal:
+    if isinstance(offset, np.ndarray):  # rows at their own positions
+        visible = visible_keys(offset, T, S, causal=causal)[:, None, None]  # [B, 1, 1, T, S]
+        scores = np.where(visible, scores, -np.inf)
+    elif causal:
         scores = np.where(causal_mask(T, S, offset), scores, -np.inf)
     return softmax(scores, axis=-1)
 
@@ -80,7 +110,7 @@ def attention_reference(q, k, v, offset=0, *, causal=True, scale=None):
     attention_core: q [B, T, H, D], k and v [B, S, G, D], returns [B, T, H*D].
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    offset = int(offset)
+    offset = _check_offset(offset)
     _check_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
     G = k.shape[2]
@@ -112,6 +142,10 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     place on each block's scores and normalised after the PV product, on D
     columns instead of S. A row's result depends only on the keys it may see:
     masked scores become exact zeros after exp.
+
+    With per-row offsets [B], each row's keys past its own position are masked
+    too (a shorter row's stale cache slots included), and a block multiplies
+    against the keys the furthest row can see.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     offset = _check_offset(offset)
@@ -131,6 +165,8 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     vg = v.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
     out = np.empty((B, T, G, R, D), dtype=np.result_type(qg.dtype, k.dtype, v.dtype))
 
+    per_row = isinstance(offset, np.ndarray)
+    furthest = int(offset.max()) if per_row else offset
     n = max(1, T)  # query positions per block
     if causal:
         n = max(-(-_MIN_BLOCK_ROWS // R), _BLOCK_ELEMS // max(1, B * H * S), -(-T // _MAX_BLOCKS))
@@ -139,9 +175,13 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     for t0 in range(0, T, n):
         t1 = min(T, t0 + n)
         rows = t1 - t0
-        end = offset + t1 if causal else S  # keys this block can see
+        end = furthest + (t1 if causal else T) if per_row else (offset + t1 if causal else S)
         scores = qg[:, :, t0 * R:t1 * R] @ kt[..., :end]  # [B, G, rows*R, end]
-        if causal and rows > 1:
+        if per_row:
+            visible = visible_keys(offset, T, end, causal=causal, rows=(t0, t1))  # [B, rows, end]
+            np.copyto(scores.reshape(B, G, rows, R, end), -np.inf,
+                      where=~visible[:, None, :, None, :])
+        elif causal and rows > 1:
             # Only the last `rows` keys are in the causal triangle; earlier ones are all visible.
             diag = scores.reshape(B, G, rows, R, end)[..., offset + t0:]
             np.copyto(diag, -np.inf, where=hidden[:rows, :, :rows])

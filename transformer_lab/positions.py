@@ -10,9 +10,10 @@ import numpy as np
 
 
 def _positions_array(positions):
+    """Positions as float64: [T] for a sequence, or [B, T] when each row has its own."""
     pos = np.asarray(positions)
-    if pos.ndim != 1:
-        raise ValueError(f"positions must be 1-D, got shape {pos.shape}")
+    if pos.ndim not in (1, 2):
+        raise ValueError(f"positions must be 1-D [T] or 2-D [B, T], got shape {pos.shape}")
     if pos.size and not (np.issubdtype(pos.dtype, np.integer) or np.issubdtype(pos.dtype, np.floating)):
         raise ValueError(f"positions must be numbers, got dtype {pos.dtype}")
     return pos.astype(np.float64)
@@ -28,19 +29,21 @@ def frequencies(d, base=10000.0):
 
 
 def sinusoidal_pe(positions, d, base=10000.0):
-    """The Transformer paper's encoding: [len(positions), d], sin on even, cos on odd channels."""
+    """The Transformer paper's encoding: [T, d] for positions [T] ([B, T, d] for [B, T]),
+    sin on even, cos on odd channels."""
     if d < 2 or d % 2:
         raise ValueError(f"sinusoidal_pe needs an even d >= 2, got {d}")
     pos = _positions_array(positions)
-    angles = pos[:, None] * frequencies(d, base)[None, :]  # [T, d/2]
-    pe = np.empty((pos.shape[0], d), dtype=np.float64)
+    angles = pos[..., None] * frequencies(d, base)  # [..., T, d/2]
+    pe = np.empty((*pos.shape, d), dtype=np.float64)
     pe[:, 0::2] = np.sin(angles)
     pe[:, 1::2] = np.cos(angles)
     return pe
 
 
 def rope_angles(positions, head_dim, base=10000.0):
-    """(cos, sin) of the rotary angles, each [len(positions), head_dim // 2], in float64.
+    """(cos, sin) of the rotary angles, each [T, head_dim // 2] for positions [T] (or
+    [B, T, head_dim // 2] for per-row positions [B, T]), in float64.
 
     Float64 matters: at position 10 005 the fastest pair has turned ~1600
     radians, and float32 would keep only about 4 correct digits of the angle.
@@ -48,7 +51,7 @@ def rope_angles(positions, head_dim, base=10000.0):
     if head_dim < 2 or head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim >= 2, got {head_dim}")
     pos = _positions_array(positions)
-    angles = pos[:, None] * frequencies(head_dim, base)[None, :]  # [T, D/2]
+    angles = pos[..., None] * frequencies(head_dim, base)  # [..., T, D/2]
     return np.cos(angles), np.sin(angles)
 
 
@@ -56,7 +59,8 @@ def apply_rope(x, cos, sin):
     """Rotate the interleaved pairs (2i, 2i+1) of x [..., T, H, D] by the given angles.
 
     This is the original RoFormer layout, which GGUF checkpoints also use.
-    cos and sin are [T, D/2] and broadcast over batch and heads.
+    cos and sin are [T, D/2] and broadcast over batch and heads, or [B, T, D/2]
+    (x [B, T, H, D]) when each row sits at its own positions.
     """
     x = np.asarray(x)
     cos = np.asarray(cos)
@@ -66,12 +70,13 @@ def apply_rope(x, cos, sin):
     T, D = x.shape[-3], x.shape[-1]
     if D % 2:
         raise ValueError(f"apply_rope needs an even head_dim, got D={D}")
-    if cos.shape != (T, D // 2) or sin.shape != (T, D // 2):
+    shapes = [(T, D // 2)] + ([(x.shape[0], T, D // 2)] if x.ndim == 4 else [])
+    if cos.shape not in shapes or sin.shape != cos.shape:
         raise ValueError(
-            f"apply_rope: cos/sin must be [T, D/2] = [{T}, {D // 2}] for x of shape {x.shape}; "
-            f"got cos {cos.shape}, sin {sin.shape}")
-    cos = cos.astype(x.dtype, copy=False)[:, None, :]  # [T, 1, D/2]
-    sin = sin.astype(x.dtype, copy=False)[:, None, :]
+            f"apply_rope: cos/sin must be [T, D/2] = [{T}, {D // 2}] (or [B, T, D/2] per row) "
+            f"for x of shape {x.shape}; got cos {cos.shape}, sin {sin.shape}")
+    cos = cos.astype(x.dtype, copy=False)[..., None, :]  # [T, 1, D/2] or [B, T, 1, D/2]
+    sin = sin.astype(x.dtype, copy=False)[..., None, :]
     even, odd = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
     out[..., 0::2] = even * cos - odd * sin

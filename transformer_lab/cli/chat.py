@@ -29,7 +29,7 @@ import numpy as np
 from . import EXIT_INTERRUPTED, OneLineParser, silence_stdout
 from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model, load_gguf
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
-from ..model import generate_stream
+from ..generation import generate_stream
 from ..pretrained.tokenizer import SURROGATES
 
 USER_TURN = "<|im_start|>user\n{text}<|im_end|>\n"

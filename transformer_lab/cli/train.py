@@ -35,7 +35,9 @@ from ..training.backward import loss_and_grads
 from ..training.checkpoint import atomic_write, config_to_dict, load_checkpoint, save_checkpoint
 from ..config import Config, gpt2_config, llama_config
 from ..measure import set_blas_threads
-from ..model import forward, init_params, named_params, sample_next
+from ..generation import sample_next
+from ..model import forward
+from ..params import init_params, named_params
 from ..training.optim import AdamW, clip_grad_norm, cosine_lr
 from ..training.tasks import TASKS, get_task
 

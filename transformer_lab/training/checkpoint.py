@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config
-from ..model import check_params, named_params, param_shapes
+from ..params import check_params, named_params, param_shapes
 
 FORMAT = "transformer_lab.checkpoint"
 VERSION = 1

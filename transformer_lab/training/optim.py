@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..model import named_params
+from ..params import named_params
 
 
 def _leaves(tree, what):

@@ -1,0 +1,165 @@
+"""Sampling and generation: pick the next token, prefill once, then decode with the cache.
+
+generate() takes a [B, T] batch, or a list of prompts of different lengths:
+those are prefilled together, each row then decodes at its own position, and
+every row comes back as if its prompt had been run alone.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .cache import KVCache
+from .config import Config
+from .model import _forward_unchecked, check_tokens
+from .ops import softmax
+from .params import check_params
+
+
+def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
+    """The sampling arguments, each checked by name: bad ones are a ValueError, not a
+    NumPy error (or worse, taken silently: top_k=True is not 1)."""
+    boolean = (bool, np.bool_)
+    if not isinstance(greedy, boolean):
+        raise ValueError(f"greedy must be True or False, got {greedy!r}")
+    number = (int, float, np.integer, np.floating)
+    if isinstance(temperature, boolean) or not isinstance(temperature, number) \
+            or not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, boolean) or not isinstance(top_k, (int, np.integer))
+                              or not 1 <= top_k <= vocab):
+        raise ValueError(f"top_k must be None or an int in [1, {vocab}], got {top_k!r}")
+    generator = (np.random.Generator, np.random.SeedSequence)
+    if seed is not None and not isinstance(seed, generator) and (
+            isinstance(seed, boolean) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+
+
+def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
+    """Pick the next token per row of logits [B, vocab]: argmax, or a sample.
+
+    A sampled token always has probability > 0, however the uniform draw falls.
+    """
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
+    _check_sampling(greedy, temperature, top_k, logits.shape[-1])
+    if greedy or temperature == 0:
+        return np.argmax(logits, axis=-1)
+    logits = logits.astype(np.float64) / float(temperature)
+    if top_k is not None:
+        kth = np.sort(logits, axis=-1)[:, -top_k][:, None]  # the k-th largest per row
+        logits = np.where(logits < kth, -np.inf, logits)
+    p = softmax(logits, axis=-1)
+    rng = np.random.default_rng() if rng is None else rng
+    # One uniform draw per row, inverted through the cumulative distribution: the
+    # token is the first whose running total exceeds u * total. `<=` skips tokens of
+    # probability 0 (their running total does not grow) even when u is exactly 0.
+    cumulative = np.cumsum(p, axis=-1)  # [B, V]
+    if not (cumulative[:, -1] > 0).all():
+        bad = int(np.argmin(cumulative[:, -1] > 0))
+        raise ValueError(f"sample_next: logits row {bad} gives no token a probability "
+                         f"(all -inf, or NaN)")
+    u = rng.random((p.shape[0], 1)) * cumulative[:, -1:]
+    picked = (cumulative <= u).sum(axis=-1)
+    # Rounding can leave u at the total itself (u = 1 - 2^-53 times a sum that is
+    # not exactly 1), which would run past the last token that has any probability:
+    # cap at that token.
+    last_possible = p.shape[-1] - 1 - np.argmax(p[:, ::-1] > 0, axis=-1)
+    return np.minimum(picked, last_possible)
+
+
+def _finite(logits, step):
+    """The logits, if every one is finite: NaN or inf logits mean broken params, and
+    sampling from them would quietly yield token 0 forever."""
+    if not np.isfinite(logits).all():
+        raise ValueError(f"logits at step {step} are not finite; check the params "
+                         f"(step 0 is the prompt's, step n picks new token n)")
+    return logits
+
+
+def _prompts(prompt, cfg: Config):
+    """(tokens [B, T], lengths [B] or None): a [B, T] array as it is, or a list of 1-D prompts
+    padded on the right to the longest (the padding is never attended to: it lies after
+    each row's last real token, and the causal mask hides it)."""
+    if not isinstance(prompt, (list, tuple)):
+        return check_tokens(prompt, cfg), None
+    if not prompt:
+        raise ValueError("prompts must hold at least one prompt, got an empty list")
+    rows = []
+    for i, p in enumerate(prompt):
+        p = np.asarray(p)
+        if p.ndim != 1 or p.size == 0:
+            raise ValueError(f"prompt {i} must be a non-empty 1-D sequence of token ids, "
+                             f"got shape {p.shape}")
+        rows.append(check_tokens(p[None, :], cfg)[0])
+    lengths = np.array([len(r) for r in rows])
+    tokens = np.zeros((len(rows), int(lengths.max())), dtype=np.result_type(*rows))  # [B, T]
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+    return tokens, lengths
+
+
+def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False,
+                    temperature=1.0, top_k=None, seed=None, use_cache=True):
+    """Yield the new tokens [B] one step at a time: prefill once, then decode with the cache.
+
+    prompt is [B, T], or a list of B 1-D prompts of any lengths: each row then
+    sits at its own positions. Stops with a ValueError naming the step if the
+    logits there are not finite.
+    """
+    prompt, lengths = _prompts(prompt, cfg)
+    B, T = prompt.shape
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+            or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    longest = T if lengths is None else int(lengths.max())
+    if longest + max_new_tokens > cfg.max_seq:
+        raise ValueError(
+            f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={cfg.max_seq}")
+    _check_sampling(greedy, temperature, top_k, cfg.vocab, seed)
+    # The params are checked once here, not by every forward below: a step changes
+    # only the cache and the tokens, which forward still checks.
+    check_params(params, cfg)
+    if max_new_tokens == 0:
+        return
+    rng = np.random.default_rng(seed)
+    pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, rng=rng)
+    last = np.full(B, T - 1) if lengths is None else lengths - 1  # each row's last prompt token
+    if use_cache:
+        cache = KVCache(cfg, B, T + max_new_tokens)
+        logits = _forward_unchecked(params, cfg, prompt, cache=cache)[np.arange(B), last]  # [B, V]
+        if lengths is not None:
+            for row, length in enumerate(lengths):  # forget the padding: rows at their own lengths
+                cache.truncate_row(row, int(length))
+        for step in range(max_new_tokens):
+            nxt = sample_next(_finite(logits, step), **pick)  # [B]
+            yield nxt
+            if step + 1 < max_new_tokens:
+                logits = _forward_unchecked(params, cfg, nxt[:, None], cache=cache)[:, -1]
+    else:
+        # No cache: every step runs each sequence whole, rows of different lengths one by one.
+        seqs = [prompt] if lengths is None else [prompt[i:i + 1, :n] for i, n in enumerate(lengths)]
+        for step in range(max_new_tokens):
+            logits = np.concatenate([_forward_unchecked(params, cfg, s)[:, -1] for s in seqs])
+            nxt = sample_next(_finite(logits, step), **pick)
+            yield nxt
+            if lengths is None:
+                seqs = [np.concatenate([seqs[0], nxt[:, None]], axis=1)]
+            else:
+                seqs = [np.concatenate([s, nxt[i:i + 1, None]], axis=1) for i, s in enumerate(seqs)]
+
+
+def generate(params, cfg: Config, prompt, max_new_tokens, *, greedy=False, temperature=1.0,
+             top_k=None, seed=None, use_cache=True):
+    """The prompt followed by max_new_tokens generated tokens: [B, T + n] for a [B, T]
+    prompt; for a list of 1-D prompts, a list of 1-D arrays, each its prompt and n new tokens."""
+    tokens, lengths = _prompts(prompt, cfg)
+    new = list(generate_stream(params, cfg, prompt, max_new_tokens, greedy=greedy,
+                               temperature=temperature, top_k=top_k, seed=seed,
+                               use_cache=use_cache))
+    new = np.stack(new, axis=1).astype(tokens.dtype) if new else tokens[:, :0]  # [B, n]
+    if lengths is None:
+        return np.concatenate([tokens, new], axis=1)
+    return [np.concatenate([tokens[i, :n], new[i]]) for i, n in enumerate(lengths)]

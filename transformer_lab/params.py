@@ -1,0 +1,310 @@
+"""The params: their layout, initialisation and checks, the one walk over them, and packing.
+
+params is a nested dict of arrays, laid out by _layout(cfg): tok_emb, pos_emb
+for learned positions, blocks[i] with attn_norm, attn, mlp_norm and mlp, then
+final_norm and lm_head. Weights are [in, out], so a layer is x @ W.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .config import Config
+
+
+# ---------------------------------------------------------------- params layout
+
+# How each parameter starts, decided here by its place in the layout, not by its name.
+ONES, ZEROS, NORMAL, RESIDUAL = "ones", "zeros", "normal", "residual"
+
+
+def _layout(cfg: Config) -> dict:
+    """The params tree with (shape, init) leaves: the one description of what params hold.
+
+    init is ONES (norm gains), ZEROS (norm and linear biases), NORMAL (matrices)
+    or RESIDUAL (the two matrices that write into the residual stream).
+    """
+    d, H, G, D, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab
+
+    def norm():
+        gain = {"weight": ((d,), ONES)}
+        return {**gain, "bias": ((d,), ZEROS)} if cfg.norm == "layer" else gain
+
+    attn = {"wq": ((d, H * D), NORMAL), "wk": ((d, G * D), NORMAL), "wv": ((d, G * D), NORMAL),
+            "wo": ((H * D, d), RESIDUAL)}
+    mlp = {"w_up": ((d, F), NORMAL), "w_down": ((F, d), RESIDUAL)}
+    if cfg.mlp == "swiglu":
+        mlp["w_gate"] = ((d, F), NORMAL)
+    if cfg.bias:
+        attn.update(bq=((H * D,), ZEROS), bk=((G * D,), ZEROS), bv=((G * D,), ZEROS),
+                    bo=((d,), ZEROS))
+        mlp.update(b_up=((F,), ZEROS), b_down=((d,), ZEROS))
+        if cfg.mlp == "swiglu":
+            mlp["b_gate"] = ((F,), ZEROS)
+    head = {} if cfg.tie_embeddings else {"w": ((d, V), NORMAL)}
+    if cfg.bias:
+        head["b"] = ((V,), ZEROS)
+    layout = {"tok_emb": ((V, d), NORMAL)}
+    if cfg.pos == "learned":
+        layout["pos_emb"] = ((cfg.max_seq, d), NORMAL)
+
+    def block():
+        # mlp="none" makes an attention-only block: no MLP and no norm in front of it.
+        if cfg.mlp == "none":
+            return {"attn_norm": norm(), "attn": dict(attn)}
+        return {"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
+
+    layout["blocks"] = [block() for _ in range(cfg.n_layers)]
+    layout["final_norm"] = norm()
+    layout["lm_head"] = head
+    return layout
+
+
+def map_params(fn, tree):
+    """The same tree with every leaf replaced by fn(leaf): the one walk over params (and over
+    param_shapes or gradient trees, which have the same layout). A packed group comes back as
+    a plain dict, since its new leaves are no longer views of one array."""
+    if isinstance(tree, dict):
+        return {key: map_params(fn, sub) for key, sub in tree.items()}
+    if isinstance(tree, list):  # blocks; tuples are leaves (shapes)
+        return [map_params(fn, sub) for sub in tree]
+    return fn(tree)
+
+
+def param_shapes(cfg: Config) -> dict:
+    """The shape of every parameter, in the nested layout init_params returns."""
+    return map_params(lambda leaf: leaf[0], _layout(cfg))
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes_for_checking(cfg: Config) -> dict:
+    """param_shapes, built once per config for check_params, which only reads it."""
+    return param_shapes(cfg)
+
+
+def init_params(cfg: Config, seed=0) -> dict:
+    """GPT-2 initialisation: N(0, 0.02) matrices, zero biases, unit norm weights.
+
+    The two projections that write into the residual stream (wo, w_down) get
+    std 0.02/sqrt(2 * n_layers), so the stream's variance does not grow with depth.
+    """
+    rng = np.random.default_rng(seed)
+    residual_std = 0.02 / math.sqrt(2 * cfg.n_layers)
+
+    def build(leaf):
+        shape, init = leaf
+        if init == ONES:
+            return np.ones(shape, dtype=cfg.dtype)
+        if init == ZEROS:
+            return np.zeros(shape, dtype=cfg.dtype)
+        std = residual_std if init == RESIDUAL else 0.02
+        return rng.normal(0.0, std, size=shape).astype(cfg.dtype)
+
+    # Leaves are built in layout order, so a seed gives the same params as before.
+    return map_params(build, _layout(cfg))
+
+
+def named_params(tree, prefix=""):
+    """Yield (name, leaf) for every array in a nested params dict, named as errors name
+    them: "tok_emb", "blocks[1].attn.wk", ... Works on param_shapes() trees too."""
+    if isinstance(tree, dict):
+        for key, sub in tree.items():
+            yield from named_params(sub, f"{prefix}.{key}" if prefix else key)
+    elif isinstance(tree, list):
+        for i, sub in enumerate(tree):
+            yield from named_params(sub, f"{prefix}[{i}]")
+    else:
+        yield prefix, tree
+
+
+def check_params(params, cfg: Config):
+    """Raise ValueError naming the first problem: a missing key, a key the config does not
+    have, a wrong shape, or an array whose dtype is not the config's. Shapes and dtypes
+    only, never values, so it is cheap; generate_stream runs it once per call, not per token."""
+    dtype = cfg.dtype
+
+    def walk(got, want, path):
+        if isinstance(want, dict):
+            if not isinstance(got, dict):
+                raise ValueError(f"params{' ' + path if path else ''}: expected a dict, "
+                                 f"got {type(got).__name__}")
+            for key, sub in want.items():
+                where = f"{path}.{key}" if path else key
+                if key not in got:
+                    raise ValueError(f"params is missing {where} (config {_describe(cfg)})")
+                walk(got[key], sub, where)
+            if len(got) != len(want):
+                extra = [f"{path}.{key}" if path else str(key) for key in got if key not in want]
+                raise ValueError(
+                    f"params has {', '.join(extra)}, which the config does not have "
+                    f"(config {_describe(cfg)}, bias={cfg.bias}, "
+                    f"tie_embeddings={cfg.tie_embeddings})")
+        elif isinstance(want, list):
+            if not isinstance(got, (list, tuple)) or len(got) != len(want):
+                n = len(got) if isinstance(got, (list, tuple)) else type(got).__name__
+                raise ValueError(f"params {path}: expected a list of {len(want)} blocks, got {n}")
+            for i, (g, w) in enumerate(zip(got, want)):
+                walk(g, w, f"{path}[{i}]")
+        else:
+            shape = getattr(got, "shape", None)
+            if shape != want or not isinstance(got, np.ndarray):
+                raise ValueError(
+                    f"params {path} has shape {shape}, but the config needs {want} "
+                    f"(config {_describe(cfg)})")
+            if got.dtype != dtype:
+                raise ValueError(
+                    f"params {path} has dtype {got.dtype}, but the config's dtype is {dtype.name}; "
+                    f"convert it with .astype(np.{dtype.name}) or use cfg.replace(dtype=...)")
+
+    walk(params, _shapes_for_checking(cfg), "")
+
+
+def _describe(cfg):
+    return (f"d_model={cfg.d_model}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
+            f"d_ff={cfg.d_ff}, vocab={cfg.vocab}, n_layers={cfg.n_layers}")
+
+
+
+
+# ---------------------------------------------------------------- packed products
+# A decode step multiplies one row by every matrix, so each product is a short call
+# whose fixed cost shows. Products that read the same input can share one call: Q, K
+# and V of a layer, and SwiGLU's gate and up. As nano-vllm fuses qkv_proj, a packed
+# group stores them as one [d, sum of outs] array, and the usual keys hold views of
+# its column blocks, so the layout, and every lecture script that reads it, is unchanged.
+#
+# What is packed is said by the params themselves: the group is a PackedGroup, which
+# holds the packed array beside its keys. Writing into a view (p["wq"][:] = ...) writes
+# into the packed array; putting a new array under a packed key (p["wq"] = new) drops
+# the packed product, so that group falls back to separate products and nothing is stale.
+
+PACKED_MODULES = {  # group -> packed name -> the keys whose columns it holds, in order
+    "attn": {"wqkv": ("wq", "wk", "wv")},
+    "mlp": {"w_gate_up": ("w_gate", "w_up")},
+}
+QKV = PACKED_MODULES["attn"]["wqkv"]
+GATE_UP = PACKED_MODULES["mlp"]["w_gate_up"]
+
+
+class PackedGroup(dict):
+    """One layer's attn or mlp dict, whose packed keys are column blocks of one array.
+
+    `packed[name]` is the [d, sum of outs] array for PACKED_MODULES' name. It is
+    dropped as soon as one of its keys is given a new value: the group then
+    reads like any dict of separate matrices. A copy or a pickle is a plain
+    dict, because copied views would no longer share one array.
+    """
+
+    def __init__(self, items, packed):
+        super().__init__(items)
+        self.packed = dict(packed)
+
+    def product(self, name):
+        """The packed array `name` ("wqkv", "w_gate_up"), or None if it was dropped."""
+        return self.packed.get(name)
+
+    def _unpack(self, keys):
+        for name in list(self.packed):
+            if any(key in PACKED_MODULES_BY_KEYS[name] for key in keys):
+                del self.packed[name]
+
+    def __setitem__(self, key, value):
+        self._unpack([key])
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        self._unpack([key])
+        super().__delitem__(key)
+
+    def update(self, *args, **kwargs):
+        changes = dict(*args, **kwargs)
+        self._unpack(changes)
+        super().update(changes)
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def pop(self, key, *default):
+        self._unpack([key])
+        return super().pop(key, *default)
+
+    def popitem(self):
+        self.packed.clear()
+        return super().popitem()
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self._unpack([key])
+        return super().setdefault(key, default)
+
+    def clear(self):
+        self.packed.clear()
+        super().clear()
+
+    def copy(self):
+        return dict(self)
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
+PACKED_MODULES_BY_KEYS = {name: keys for group in PACKED_MODULES.values()
+                          for name, keys in group.items()}
+
+
+def _packed_groups(cfg: Config):
+    """(group name, packed name, keys) for each packed product in a block of this config."""
+    out = [("attn", "wqkv", QKV)]
+    if cfg.mlp == "swiglu":
+        out.append(("mlp", "w_gate_up", GATE_UP))
+    return out
+
+
+def _pack_group(group, packed_name, keys, packed=None):
+    """group as a PackedGroup whose keys are views of `packed` (made from group if None)."""
+    if packed is None:
+        packed = np.concatenate([group[key] for key in keys], axis=1)  # [d, sum of outs]
+    items, start = dict(group), 0
+    for key in keys:
+        width = group[key].shape[1]
+        items[key] = packed[:, start:start + width]  # a view: [d, width]
+        start += width
+    old = group.packed if isinstance(group, PackedGroup) else {}
+    return PackedGroup(items, {**old, packed_name: packed})
+
+
+def pack_weights(params, cfg: Config):
+    """Pack each layer's wq, wk, wv (and w_gate, w_up for SwiGLU) into one array per group,
+    in place: each block's attn (and mlp) becomes a PackedGroup with the same keys and
+    values, now views. With a tied head, tok_emb becomes column-major (the same [vocab, d]
+    values), so that the head's product, by tok_emb.T, reads a row-major matrix. A group
+    that is packed already is left as it is. Returns params."""
+    check_params(params, cfg)
+    for p in params["blocks"]:
+        for name, packed_name, keys in _packed_groups(cfg):
+            group = p[name]
+            if not (isinstance(group, PackedGroup) and group.product(packed_name) is not None):
+                p[name] = _pack_group(group, packed_name, keys)
+    if cfg.tie_embeddings:
+        # x @ tok_emb.T with tok_emb row-major is a transposed matrix-vector product,
+        # which OpenBLAS runs up to 2x slower than the plain one on the same bytes; the
+        # lookup tok_emb[tokens] gathers a few rows and hardly notices the order.
+        params["tok_emb"] = np.asfortranarray(params["tok_emb"])
+    return params
+
+
+def empty_packed_params(cfg: Config) -> dict:
+    """Uninitialised params laid out as pack_weights leaves them, for a loader to fill in
+    place (np.copyto into each leaf): the weights are never held twice."""
+    params = map_params(lambda shape: np.empty(shape, dtype=cfg.dtype), param_shapes(cfg))
+    for p in params["blocks"]:
+        for name, packed_name, keys in _packed_groups(cfg):
+            width = sum(p[name][key].shape[1] for key in keys)
+            p[name] = _pack_group(p[name], packed_name, keys,
+                                  np.empty((cfg.d_model, width), dtype=cfg.dtype))
+    if cfg.tie_embeddings:
+        params["tok_emb"] = np.empty((cfg.vocab, cfg.d_model), dtype=cfg.dtype, order="F")
+    return params
