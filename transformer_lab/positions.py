@@ -36,8 +36,8 @@ def sinusoidal_pe(positions, d, base=10000.0):
     pos = _positions_array(positions)
     angles = pos[..., None] * frequencies(d, base)  # [..., T, d/2]
     pe = np.empty((*pos.shape, d), dtype=np.float64)
-    pe[:, 0::2] = np.sin(angles)
-    pe[:, 1::2] = np.cos(angles)
+    pe[..., 0::2] = np.sin(angles)
+    pe[..., 1::2] = np.cos(angles)
     return pe
 
 
