@@ -8,13 +8,13 @@ as one demo.
 from __future__ import annotations
 
 import html
+import io
 import os
 import re
 
 from rich.cells import cell_len
-from rich._export_format import CONSOLE_SVG_FORMAT
-from rich.console import Console
-from rich.segment import Segment
+from rich.console import CONSOLE_SVG_FORMAT, Console
+from rich.segment import Segment, Segments
 from rich.terminal_theme import TerminalTheme
 
 from .state import get_console, get_lang
@@ -31,6 +31,38 @@ EXPORT_THEME = TerminalTheme(
     [(154, 155, 153), (255, 110, 103), (180, 210, 100), (255, 230, 120), (130, 170, 230),
      (200, 150, 210), (150, 225, 235), (255, 255, 255)],
 )
+
+
+# ---------------------------------------------------------------- the recording
+
+# rich keeps what a recording Console printed as a list of Segments, and its public
+# API hands that list out only whole and already written up (export_text, export_svg,
+# export_html). Two things here need the segments themselves: the HTML writer below,
+# which boxes each wide glyph to its two cells (rich's export_html cannot), and
+# export(start=...), which writes only what followed a mark(). So this one function
+# reads rich's private Console._record_buffer, under the lock rich itself takes for
+# it, and only reads it. Tested with rich 13.0.0, 13.9.4, 14.3.4 and 15.0.0;
+# tests/test_console_exports.py fails, naming this function, if a rich release
+# renames or reshapes the buffer.
+def _recorded_segments(c: Console) -> list[Segment]:
+    """A copy of every Segment that `c` has recorded, in order."""
+    with c._record_buffer_lock:
+        return list(c._record_buffer)
+
+
+def _recorded_since(c: Console, start: int) -> Console:
+    """`c` itself when start is 0; else a scratch Console whose recording is what `c` recorded from segment `start` on.
+
+    The scratch Console gets the segments through print(), rich's public way in, so
+    rich's exporters read them as they would read `c`'s.
+    """
+    if not start:
+        return c
+    part = Console(record=True, width=c.width, file=io.StringIO(), color_system=None,
+                   force_terminal=False, force_jupyter=False, legacy_windows=False)
+    # no style and crop=False: print() records the segments exactly as given
+    part.print(Segments(_recorded_segments(c)[start:]), crop=False)
+    return part
 
 
 # ---------------------------------------------------------------- SVG
@@ -142,9 +174,7 @@ def _html_code(segments, inline: bool) -> tuple[str, str]:
 
 def export_html(c: Console, title: str = "transformer_lab") -> str:
     """The console's recording as a slide-sized HTML page that keeps CJK aligned."""
-    with c._record_buffer_lock:
-        segments = list(c._record_buffer)
-    code, sheet = _html_code(segments, inline=False)
+    code, sheet = _html_code(_recorded_segments(c), inline=False)
     return _HTML_PAGE.format(lang="zh-Hans" if get_lang() == "zh" else "en", title=html.escape(title),
                              fg=EXPORT_THEME.foreground_color.hex, bg=EXPORT_THEME.background_color.hex,
                              pre_css=_PRE_CSS.format(cols=c.width * 0.6, width=c.width),
@@ -153,9 +183,7 @@ def export_html(c: Console, title: str = "transformer_lab") -> str:
 
 def html_fragment(c: Console) -> str:
     """The recording as one self-contained <pre> block (inline styles), for a notebook cell."""
-    with c._record_buffer_lock:
-        segments = list(c._record_buffer)
-    code, _ = _html_code(segments, inline=True)
+    code, _ = _html_code(_recorded_segments(c), inline=True)
     fg, bg = EXPORT_THEME.foreground_color.hex, EXPORT_THEME.background_color.hex
     boxes = ("<style>pre.transformer-lab .c { display: inline-block; overflow: hidden; "
              "vertical-align: top; height: 1.15em; text-align: center; white-space: pre; }</style>")
@@ -195,9 +223,7 @@ def check_export_path(path) -> str:
 
 def mark() -> int:
     """A place in the recording; export(path, start=mark()) writes only what follows it."""
-    c = get_console()
-    with c._record_buffer_lock:
-        return len(c._record_buffer)
+    return len(_recorded_segments(get_console()))
 
 
 def export(path, start: int = 0) -> str:
@@ -206,20 +232,13 @@ def export(path, start: int = 0) -> str:
     ext = os.path.splitext(path)[1].lower()
     if ext not in EXPORT_SUFFIXES:
         raise ValueError(f"export: unsupported extension {ext!r}; use .svg, .html or .txt")
-    c = get_console()
-    with c._record_buffer_lock:
-        everything = c._record_buffer[:]
-        c._record_buffer[:] = everything[start:]
-    try:
-        if ext == ".svg":
-            data = export_svg(c)
-        elif ext in (".html", ".htm"):
-            data = export_html(c)
-        else:
-            data = c.export_text(clear=False)
-    finally:
-        with c._record_buffer_lock:
-            c._record_buffer[:] = everything
+    c = _recorded_since(get_console(), start)
+    if ext == ".svg":
+        data = export_svg(c)
+    elif ext in (".html", ".htm"):
+        data = export_html(c)
+    else:
+        data = c.export_text(clear=False)
     with open(path, "w", encoding="utf-8") as f:
         f.write(data)
     return path
