@@ -51,7 +51,7 @@ def _recorded_segments(c: Console) -> list[Segment]:
 
 
 def _recorded_since(c: Console, start: int) -> Console:
-    """`c` itself when start is 0; else a scratch Console whose recording is what `c` recorded from segment `start` on.
+    """`c` itself for start 0, else a scratch Console holding what `c` recorded from `start` on.
 
     The scratch Console gets the segments through print(), rich's public way in, so
     rich's exporters read them as they would read `c`'s.
