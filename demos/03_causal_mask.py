@@ -14,7 +14,7 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import fmt_float, heatmap, print_observations, print_section, print_table, print_text
-from transformer_lab import TINY, KVCache, forward, init_params
+from transformer_lab import TINY, ActivationRecord, KVCache, forward, init_params
 
 NUMBER = 3
 SEED = 3
@@ -126,7 +126,7 @@ def cache_experiment(params, tokens):
 
 def head_weights(params, tokens):
     """Layer 0's attention weights [T, T] for head HEAD, as forward() computes them."""
-    acts = {"patterns": True}
+    acts = ActivationRecord(patterns=True)
     forward(params, TINY, tokens, acts=acts)
     return acts["blocks[0].attn.pattern"][0, HEAD]  # [T, T]
 

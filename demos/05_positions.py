@@ -16,8 +16,8 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_float, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import (TINY, apply_rope, attention_weights, forward, init_params,
-                             rope_angles, sinusoidal_pe)
+from transformer_lab import (TINY, ActivationRecord, apply_rope, attention_weights, forward,
+                             init_params, rope_angles, sinusoidal_pe)
 
 NUMBER = 5
 SEED = 5
@@ -197,7 +197,7 @@ def permutation_diffs(seed=SEED):
 def first_layer_weights(seed=SEED):
     """Layer 1's attention weights [1, H, T, T] with RoPE and no mask, as forward() computes them."""
     params, tokens = tiny_model(seed)
-    acts = {"patterns": True}
+    acts = ActivationRecord(patterns=True)
     forward(params, TINY, tokens, causal=False, use_rope=True, acts=acts)
     return acts["blocks[0].attn.pattern"]
 

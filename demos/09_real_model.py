@@ -22,7 +22,7 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_num, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import KVCache, find_model, forward, generate, load_gguf
+from transformer_lab import ActivationRecord, KVCache, find_model, forward, generate, load_gguf
 from transformer_lab.cli.chat import chat_prompt
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
@@ -95,7 +95,7 @@ def previous_token_scores(params, cfg, tokens, window=WINDOW):
     Returns (scores [L, H], every head's weights among the first `window` tokens
     [L, H, W, W], logits [1, T, V]).
     """
-    acts = {"patterns": True}  # ask forward to keep the attention weights too
+    acts = ActivationRecord(patterns=True)  # ask forward to keep the attention weights too
     logits = forward(params, cfg, tokens, acts=acts)
     weights = np.stack([acts[f"blocks[{i}].attn.pattern"][0]
                         for i in range(cfg.n_layers)])  # [L, H, T, T]

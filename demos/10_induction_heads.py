@@ -27,8 +27,8 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import (AdamW, Config, clip_grad_norm, cosine_lr, forward, init_params,
-                             log_softmax, loss_and_grads, named_params)
+from transformer_lab import (ActivationRecord, AdamW, Config, clip_grad_norm, cosine_lr, forward,
+                             init_params, log_softmax, loss_and_grads, named_params)
 from transformer_lab.measure import blas_threads
 
 NUMBER = 10
@@ -226,7 +226,7 @@ def make_batch(batch, rng):
 def logits_and_patterns(params, cfg, tokens):
     """forward() with the activation record: logits [B, T, V] and every head's attention
     weights [L, B, H, T, T]."""
-    acts = {"patterns": True}
+    acts = ActivationRecord(patterns=True)
     logits = forward(params, cfg, tokens, acts=acts)
     return logits, np.stack([acts[f"blocks[{i}].attn.pattern"] for i in range(cfg.n_layers)])
 

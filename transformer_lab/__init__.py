@@ -1,4 +1,5 @@
 """transformer_lab: a small, readable, pure-NumPy transformer for teaching and measuring."""
+from .acts import ActivationRecord
 from .attention import (attention_core, attention_core_backward, attention_reference,
                         attention_weights, causal_mask)
 from .training.backward import loss_and_grads
@@ -24,7 +25,7 @@ __all__ = [
     "Config", "TINY", "TINY_GPT2", "gpt2_config", "llama_config",
     "init_params", "param_shapes", "named_params", "map_params", "check_params", "check_tokens",
     "pack_weights", "PackedGroup",
-    "forward", "loss",
+    "forward", "loss", "ActivationRecord",
     "generate", "generate_stream", "sample_next", "KVCache", "loss_and_grads",
     "attention_core", "attention_reference", "attention_weights", "causal_mask",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",

@@ -11,6 +11,7 @@ import contextvars
 
 import numpy as np
 
+from .acts import record, wants_patterns
 from .attention import attention_core, attention_weights
 from .config import Config
 from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu
@@ -133,7 +134,7 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     """Multi-head attention on the normed stream x [B, T, d]; returns the update [B, T, d].
 
     With a record `acts` (see forward), q, k, v and the merged heads are kept
-    under blocks[layer].attn.*, and the weights too when acts["patterns"] is set.
+    under blocks[layer].attn.*, and the weights too when patterns are asked for.
     """
     B, T, _ = x.shape
     H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -151,10 +152,10 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
         # it holds; k and v become every cached key and value, [B, S, G, D].
         out, k, v, offset = cache.attend(layer, q, k, v, causal=causal)
     if acts is not None:
-        name = f"blocks[{layer}].attn."
-        acts.update({name + "q": q, name + "k": k, name + "v": v, name + "out": out})
-        if acts.get("patterns"):
-            acts[name + "pattern"] = attention_weights(q, k, offset, causal=causal)  # [B, H, T, S]
+        record(acts, layer, {"attn.q": q, "attn.k": k, "attn.v": v, "attn.out": out})
+        if wants_patterns(acts):
+            pattern = attention_weights(q, k, offset, causal=causal)  # [B, H, T, S]
+            record(acts, layer, {"attn.pattern": pattern})
     return _linear(out, a, "wo", "bo", cfg)  # [B, T, d]
 
 
@@ -168,10 +169,9 @@ def mlp(x, m, cfg: Config, *, acts=None, layer=0):
         up = _linear(x, m, "w_up", "b_up", cfg)  # [B, T, d_ff]
         hidden = gelu(up) if cfg.mlp == "gelu" else gelu_tanh(up)
     if acts is not None:
-        name = f"blocks[{layer}].mlp."
-        acts.update({name + "up": up, name + "hidden": hidden})
+        record(acts, layer, {"mlp.up": up, "mlp.hidden": hidden})
         if gate is not None:
-            acts[name + "gate"] = gate
+            record(acts, layer, {"mlp.gate": gate})
     return _linear(hidden, m, "w_down", "b_down", cfg)  # [B, T, d]
 
 
@@ -186,11 +186,10 @@ def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, act
         mlp_in = norm(mid, p["mlp_norm"], cfg)
         out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer)
     if acts is not None:
-        name = f"blocks[{layer}]."
-        acts.update({name + "resid_pre": x, name + "attn_in": attn_in, name + "resid_mid": mid,
-                     name + "resid_post": out})
+        record(acts, layer, {"resid_pre": x, "attn_in": attn_in, "resid_mid": mid,
+                             "resid_post": out})
         if mlp_in is not None:
-            acts[name + "mlp_in"] = mlp_in
+            record(acts, layer, {"mlp_in": mlp_in})
     return out
 
 
@@ -227,15 +226,13 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
     (cache.lengths), their K/V are stored, and attention reads everything the
     row holds so far. Rows may be at different positions.
 
-    With `acts` a dict, forward also records what it computed, named as params
-    are named: "embed"; per layer "blocks[i].resid_pre", ".attn_in", ".attn.q"
-    [B,T,H,D], ".attn.k" and ".attn.v" [B,S,G,D] (after RoPE, cached positions
-    included), ".attn.out" [B,T,H*D] (before wo), ".resid_mid", ".mlp_in",
-    ".mlp.up", ".mlp.gate" (SwiGLU), ".mlp.hidden" [B,T,d_ff] (into w_down) (the
-    ".mlp*" entries only when mlp is not "none"), ".resid_post"; then "final_norm" and "logits". Set acts["patterns"] = True
-    before the call to also get the softmax weights "blocks[i].attn.pattern"
-    [B,H,T,S], which cost one more pass over the scores. Without acts nothing
-    extra is computed or kept.
+    With `acts` an ActivationRecord (or a plain dict), forward also records what it
+    computed, under the names declared in acts.py: "embed"; per layer
+    "blocks[i].resid_pre", ".attn_in", ".attn.q", ".attn.k", ".attn.v", ".attn.out",
+    ".resid_mid", ".mlp_in", ".mlp.up", ".mlp.gate", ".mlp.hidden", ".resid_post";
+    then "final_norm" and "logits". ActivationRecord(patterns=True) (or {"patterns":
+    True}) also keeps the softmax weights "blocks[i].attn.pattern" [B,H,T,S], which
+    cost one more pass over the scores. Without acts nothing extra is computed or kept.
     """
     check_params(params, cfg)
     return _forward_unchecked(params, cfg, tokens, causal, use_rope, cache, acts)
@@ -263,7 +260,7 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
 
     x = embed(params, cfg, tokens, positions)  # [B, T, d]
     if acts is not None:
-        acts["embed"] = x
+        record(acts, None, {"embed": x})
     for layer, p in enumerate(params["blocks"]):
         x = block(x, p, cfg, rope=rope, causal=causal, cache=cache, layer=layer, acts=acts)
     if cache is not None:
@@ -271,7 +268,7 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
     x = norm(x, params["final_norm"], cfg)  # [B, T, d]
     logits = lm_head(x, params, cfg)  # [B, T, vocab]
     if acts is not None:
-        acts.update(final_norm=x, logits=logits)
+        record(acts, None, {"final_norm": x, "logits": logits})
     return logits
 
 

@@ -62,15 +62,26 @@ def _layout(cfg: Config) -> dict:
     return layout
 
 
-def map_params(fn, tree):
-    """The same tree with every leaf replaced by fn(leaf): the one walk over params (and over
-    param_shapes or gradient trees, which have the same layout). A packed group comes back as
-    a plain dict, since its new leaves are no longer views of one array."""
+def map_params(fn, tree, *, names=False, _prefix=""):
+    """The same tree with every leaf replaced by fn(leaf), or by fn(name, leaf) with
+    names=True (names as named_params gives them): the one walk over params, and over
+    param_shapes or gradient trees, which have the same layout. A packed group comes back
+    as a plain dict, since its new leaves are no longer views of one array."""
     if isinstance(tree, dict):
-        return {key: map_params(fn, sub) for key, sub in tree.items()}
+        return {key: map_params(fn, sub, names=names, _prefix=f"{_prefix}.{key}" if _prefix else key)
+                for key, sub in tree.items()}
     if isinstance(tree, list):  # blocks; tuples are leaves (shapes)
-        return [map_params(fn, sub) for sub in tree]
-    return fn(tree)
+        return [map_params(fn, sub, names=names, _prefix=f"{_prefix}[{i}]")
+                for i, sub in enumerate(tree)]
+    return fn(_prefix, tree) if names else fn(tree)
+
+
+def named_params(tree):
+    """Yield (name, leaf) for every array in a nested params dict, named as errors name
+    them: "tok_emb", "blocks[1].attn.wk", ... Works on param_shapes() trees too."""
+    found = []
+    map_params(lambda name, leaf: found.append((name, leaf)), tree, names=True)
+    yield from found
 
 
 def param_shapes(cfg: Config) -> dict:
@@ -104,19 +115,6 @@ def init_params(cfg: Config, seed=0) -> dict:
 
     # Leaves are built in layout order, so a seed gives the same params as before.
     return map_params(build, _layout(cfg))
-
-
-def named_params(tree, prefix=""):
-    """Yield (name, leaf) for every array in a nested params dict, named as errors name
-    them: "tok_emb", "blocks[1].attn.wk", ... Works on param_shapes() trees too."""
-    if isinstance(tree, dict):
-        for key, sub in tree.items():
-            yield from named_params(sub, f"{prefix}.{key}" if prefix else key)
-    elif isinstance(tree, list):
-        for i, sub in enumerate(tree):
-            yield from named_params(sub, f"{prefix}[{i}]")
-    else:
-        yield prefix, tree
 
 
 def check_params(params, cfg: Config):

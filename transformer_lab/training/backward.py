@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..acts import ActivationRecord
 from ..attention import attention_core_backward
 from ..config import Config
 from ..model import check_targets, forward
+from ..params import map_params, named_params
 from ..ops import (cross_entropy, cross_entropy_backward, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
 from ..positions import apply_rope_backward, rope_angles
@@ -35,7 +37,7 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):
         raise ValueError("loss_and_grads trains on whole sequences without a KV cache; "
                          "call it without cache=")
     targets = check_targets(targets, tokens, cfg)
-    acts = {}
+    acts = ActivationRecord()
     logits = forward(params, cfg, tokens, acts=acts)  # [B, T, V]; checks params and tokens
     loss = cross_entropy(logits, targets)
     dlogits = cross_entropy_backward(logits, targets)  # [B, T, V]
@@ -43,7 +45,7 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):
     grads = {}
     L, T = cfg.n_layers, logits.shape[1]
     dx, grads["lm_head"], dtok_head = lm_head_backward(dlogits, acts["final_norm"], params, cfg)
-    dx, grads["final_norm"] = norm_backward(dx, acts[f"blocks[{L - 1}].resid_post"],
+    dx, grads["final_norm"] = norm_backward(dx, acts.layer(L - 1, "resid_post"),
                                             params["final_norm"], cfg)  # [B, T, d]
     rope = rope_angles(np.arange(T), cfg.head_dim, cfg.rope_base) if cfg.pos == "rope" else None
     grads["blocks"] = [None] * L
@@ -57,11 +59,8 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):
 
 def _in_layout_of(params, grads):
     """grads rebuilt with exactly params' keys, in params' order."""
-    if isinstance(params, dict):
-        return {key: _in_layout_of(sub, grads[key]) for key, sub in params.items()}
-    if isinstance(params, (list, tuple)):
-        return [_in_layout_of(p, g) for p, g in zip(params, grads)]
-    return grads
+    by_name = dict(named_params(grads))
+    return map_params(lambda name, _: by_name[name], params, names=True)
 
 
 # ---------------------------------------------------------------- linear layers and norms
@@ -95,26 +94,26 @@ def block_backward(dy, p, cfg: Config, acts, i, *, rope=None):
     """Backward of model.block for block i: dy is d(loss)/d(resid_post); returns
     d(loss)/d(resid_pre) and the block's grads. A residual add passes its
     gradient to both of its inputs, so each sub-layer's dx adds onto dy."""
-    pre = f"blocks[{i}]."
     grads = {}
     if cfg.mlp != "none":
         dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i)
-        dres, grads["mlp_norm"] = norm_backward(dmlp_in, acts[pre + "resid_mid"], p["mlp_norm"], cfg)
+        dres, grads["mlp_norm"] = norm_backward(dmlp_in, acts.layer(i, "resid_mid"), p["mlp_norm"],
+                                                cfg)
         dy = dy + dres  # d(loss)/d(resid_mid)
     dattn_in, grads["attn"] = attention_block_backward(dy, p["attn"], cfg, acts, i, rope=rope)
-    dres, grads["attn_norm"] = norm_backward(dattn_in, acts[pre + "resid_pre"], p["attn_norm"], cfg)
+    dres, grads["attn_norm"] = norm_backward(dattn_in, acts.layer(i, "resid_pre"), p["attn_norm"],
+                                             cfg)
     return dy + dres, grads  # d(loss)/d(resid_pre)
 
 
 def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
     """Backward of the attention sub-layer of block i: dy [B, T, d] is the gradient of its
     update; returns the gradient of its (normed) input attn_in and of wq..wo, bq..bo."""
-    pre = f"blocks[{i}]."
-    x = acts[pre + "attn_in"]  # [B, T, d]
+    x = acts.layer(i, "attn_in")  # [B, T, d]
     B, T, _ = x.shape
-    dout, grads = linear_backward(dy, acts[pre + "attn.out"], a, "wo", "bo")  # [B, T, H*D]
-    dq, dk, dv = attention_core_backward(dout, acts[pre + "attn.q"], acts[pre + "attn.k"],
-                                         acts[pre + "attn.v"])  # [B,T,H,D], [B,T,G,D] x2
+    dout, grads = linear_backward(dy, acts.layer(i, "attn.out"), a, "wo", "bo")  # [B, T, H*D]
+    dq, dk, dv = attention_core_backward(dout, acts.layer(i, "attn.q"), acts.layer(i, "attn.k"),
+                                         acts.layer(i, "attn.v"))  # [B,T,H,D], [B,T,G,D] x2
     if rope is not None:  # q and k were rotated after their projections
         dq, dk = apply_rope_backward(dq, *rope), apply_rope_backward(dk, *rope)
     dx = None
@@ -127,11 +126,10 @@ def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
 
 def mlp_backward(dy, m, cfg: Config, acts, i):
     """Backward of model.mlp for block i: returns the gradient of mlp_in and the MLP's grads."""
-    pre = f"blocks[{i}]."
-    x, up = acts[pre + "mlp_in"], acts[pre + "mlp.up"]  # [B, T, d], [B, T, F]
-    dhidden, grads = linear_backward(dy, acts[pre + "mlp.hidden"], m, "w_down", "b_down")
+    x, up = acts.layer(i, "mlp_in"), acts.layer(i, "mlp.up")  # [B, T, d], [B, T, F]
+    dhidden, grads = linear_backward(dy, acts.layer(i, "mlp.hidden"), m, "w_down", "b_down")
     if cfg.mlp == "swiglu":  # hidden = silu(gate) * up
-        gate = acts[pre + "mlp.gate"]
+        gate = acts.layer(i, "mlp.gate")
         dup = dhidden * silu(gate)
         dgate = silu_backward(dhidden * up, gate)
         dx, g = linear_backward(dgate, x, m, "w_gate", "b_gate")

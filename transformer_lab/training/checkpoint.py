@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Config
-from ..params import check_params, named_params, param_shapes
+from ..params import check_params, map_params, named_params, param_shapes
 
 FORMAT = "transformer_lab.checkpoint"
 VERSION = 1
@@ -146,7 +146,7 @@ def load_checkpoint(path):
         if meta.get("version") != VERSION:
             raise ValueError(f"version {meta.get('version')!r}, this code reads {VERSION}")
         cfg = Config(**meta["config"])
-        params = _rebuild(param_shapes(cfg), "", arrays)
+        params = _rebuild(param_shapes(cfg), arrays)
         check_params(params, cfg)
         for name, leaf in named_params(params):
             if leaf.dtype != cfg.dtype:
@@ -157,13 +157,11 @@ def load_checkpoint(path):
     return cfg, params, extra
 
 
-def _rebuild(shapes, prefix, arrays):
+def _rebuild(shapes, arrays):
     """The params tree, from the params/<name> entries, in param_shapes' layout."""
-    if isinstance(shapes, dict):
-        return {k: _rebuild(v, f"{prefix}.{k}" if prefix else k, arrays) for k, v in shapes.items()}
-    if isinstance(shapes, list):
-        return [_rebuild(v, f"{prefix}[{i}]", arrays) for i, v in enumerate(shapes)]
-    key = f"params/{prefix}"
-    if key not in arrays:
-        raise ValueError(f"missing parameter {prefix}")
-    return arrays[key]
+    def leaf(name, _shape):
+        if f"params/{name}" not in arrays:
+            raise ValueError(f"missing parameter {name}")
+        return arrays[f"params/{name}"]
+
+    return map_params(leaf, shapes, names=True)

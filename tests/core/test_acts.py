@@ -168,3 +168,50 @@ def test_attention_core_agrees_with_the_readable_reference(H, G, offset, causal)
     k, v = rng.normal(size=(2, B, S, G, D))
     np.testing.assert_allclose(attention_core(q, k, v, offset, causal=causal),
                                attention_reference(q, k, v, offset, causal=causal), atol=1e-13)
+
+
+# ------------------------------------------------------------------ the declared record
+
+def test_forward_records_exactly_the_declared_names():
+    from transformer_lab.acts import LAYER_FIELDS, MODEL_FIELDS, ActivationRecord
+    cfg = TINY
+    acts = ActivationRecord(patterns=True)
+    forward(init_params(cfg, seed=1), cfg, np.array([[1, 2, 3]]), acts=acts)
+    want = set(MODEL_FIELDS) | {f"blocks[{i}].{f}" for i in range(cfg.n_layers) for f in LAYER_FIELDS}
+    assert set(acts) == want  # a SwiGLU model with patterns asked for records every name
+
+
+def test_a_misspelt_activation_name_fails_at_once():
+    from transformer_lab.acts import ActivationRecord, layer_name
+    acts = ActivationRecord()
+    with pytest.raises(KeyError, match=r"'attn.qq' is not an activation of a layer; declared: "
+                                        r"resid_pre, attn_in, attn.q"):
+        layer_name(0, "attn.qq")
+    with pytest.raises(KeyError, match=r"'blocks\[0\].attn.qq' is not a declared activation"):
+        acts["blocks[0].attn.qq"] = np.zeros(1)
+    with pytest.raises(KeyError, match=r"'blocks\[0\].atn.q' is not a declared activation"):
+        acts["blocks[0].atn.q"]
+    with pytest.raises(KeyError, match=r"'logit' is not a declared activation"):
+        acts.update(logit=np.zeros(1))
+
+
+def test_a_declared_name_this_pass_did_not_record_says_why():
+    from transformer_lab.acts import ActivationRecord
+    acts = ActivationRecord()
+    forward(init_params(TINY), TINY, np.array([[1, 2]]), acts=acts)
+    with pytest.raises(KeyError, match=r"'blocks\[0\].attn.pattern' was not recorded by this "
+                                        r"forward pass \(attn.pattern needs patterns=True"):
+        acts.layer(0, "attn.pattern")
+    assert acts.layer(1, "attn.q").shape == (1, 2, TINY.n_heads, TINY.head_dim)
+
+
+def test_backward_reads_only_declared_names(monkeypatch):
+    # backward reads through ActivationRecord, so a misspelt read in it would raise here
+    from transformer_lab import loss_and_grads
+    from transformer_lab.acts import ActivationRecord
+    reads = []
+    real = ActivationRecord.layer
+    monkeypatch.setattr(ActivationRecord, "layer", lambda self, i, f: reads.append(f) or real(self, i, f))
+    cfg = TINY
+    loss_and_grads(init_params(cfg), cfg, np.array([[1, 2, 3]]), np.array([[2, 3, 4]]))
+    assert {"attn.q", "attn.k", "attn.v", "attn.out", "mlp.gate", "resid_pre"} <= set(reads)

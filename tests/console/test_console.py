@@ -328,3 +328,46 @@ def test_recording_restores_the_shared_console():
     assert "inside" not in shared.export_text() and "inside" in c.export_text(clear=False)
     fragment = console.html_fragment(c)
     assert fragment.count("<pre") == 1 and "inside" in fragment
+
+
+# ---------------------------------------------------------------- the package's names
+
+# Every public name console/__init__.py defined before it was split into modules, by
+# the module that now holds it. Demos, run_all.py, benchmarks and tests import them
+# all from `console`, so each must still be there, and be the module's own object.
+PUBLIC_NAMES = {
+    "state": ["get_console", "reset_console", "recording", "can_encode", "set_lang", "get_lang",
+              "set_pause", "pause", "MIN_WIDTH", "PAUSE_PROMPT"],
+    "text": ["wrap_text", "fmt_num", "fmt_time", "fmt_float", "to_jsonable"],
+    "printing": ["print_header", "print_section", "print_text", "print_table", "print_observations",
+                 "OBSERVATIONS_TITLE"],
+    "colour": ["cube_rgb", "relative_luminance", "contrast_ratio", "heat_style"],
+    "heatmaps": ["heatmap", "HEAT_LEGEND"],
+    "exports": ["EXPORT_SUFFIXES", "EXPORT_THEME", "export_svg", "export_html", "html_fragment",
+                "check_export_path", "mark", "export"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC_NAMES))
+def test_every_public_name_is_reexported_from_console(module):
+    import importlib
+    home = importlib.import_module(f"console.{module}")
+    for name in PUBLIC_NAMES[module]:
+        assert getattr(console, name, None) is getattr(home, name), f"console.{name} (from console/{module}.py)"
+
+
+def test_console_all_is_unchanged_and_every_name_in_it_exists():
+    assert sorted(console.__all__) == sorted([
+        "get_console", "reset_console", "set_lang", "get_lang", "print_header", "print_table",
+        "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time",
+        "fmt_float", "wrap_text", "to_jsonable", "export", "check_export_path", "mark", "recording",
+        "html_fragment", "EXPORT_SUFFIXES", "set_pause", "pause", "can_encode"])
+    assert all(hasattr(console, name) for name in console.__all__)
+    every = {name for names in PUBLIC_NAMES.values() for name in names}
+    assert set(console.__all__) <= every
+    public = {name for name in vars(console) if not name.startswith("_")}
+    assert public - every == set(PUBLIC_NAMES), "console exports only its names and its modules"
+
+
+def test_what_the_lecture_scripts_import_still_imports():
+    from console import fmt_num, fmt_time, print_header, print_observations, print_table  # noqa: F401
