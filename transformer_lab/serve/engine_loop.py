@@ -24,6 +24,8 @@ admitted, so a flood gets 503s instead of an ever longer queue.
 
 pause() holds the steps (commands are still taken: requests queue, aborts free their
 blocks) until resume(), so a demo or a test can look at a queue that stands still.
+on_step, if set, is called as on_step(loop) in the loop's thread after every step and
+its deliveries: a demo can record the batch there, or pause at an exact step.
 """
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ class EngineLoop:
         self._closed = False
         self._go = threading.Event()
         self._go.set()
+        self.on_step = None
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_total = 0
@@ -153,6 +156,8 @@ class EngineLoop:
             self._release_batch()
             if self.llm.has_unfinished_requests():
                 self._step()
+                if self.on_step is not None:
+                    self.on_step(self)
             self.snapshot = self._snapshot()
         self._stop_all()
 
