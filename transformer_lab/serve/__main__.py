@@ -129,8 +129,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.served_model_name == "":
         parser.usage_error("--served-model-name: the name is empty")
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
+    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = None
     try:
         print(f"loading {args.model or 'the default model (SmolLM2-135M-Instruct)'} ...",
@@ -165,6 +164,8 @@ def main(argv=None) -> int:
             print("stopping ...", file=sys.stderr, flush=True)
             server.stop()
             print("stopped", file=sys.stderr, flush=True)
+        for sig, handler in previous.items():  # main() called in a process that goes on
+            signal.signal(sig, handler)
     return 0
 
 
