@@ -68,7 +68,12 @@ def open_stream(base, max_tokens=4000):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_mid_stream_ends_the_stream_and_exits_0(long_model, sig):
     proc, base = start(long_model, "--max-num-seqs", "2")
-    sock, f = open_stream(base)
+    try:
+        sock, f = open_stream(base)
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        raise
     code, out, err = stop(proc, sig)
     rest = f.read().decode()
     sock.close()
