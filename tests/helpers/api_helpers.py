@@ -2,6 +2,7 @@
 a server on a free loopback port, and plain http.client calls (JSON and server-sent events)."""
 from __future__ import annotations
 
+import codecs
 import contextlib
 import http.client
 import io
@@ -23,6 +24,12 @@ MERGES = ["h e", "l l", "he ll", "hell o", "Ġ t", "Ġt he", "i n", "in g"]
 TOKENS = SPECIALS + [BYTE_TO_CHAR[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
 TYPES = [CONTROL] * len(SPECIALS) + [NORMAL] * (len(TOKENS) - len(SPECIALS))
 EOS = 2  # <|im_end|>, as in SmolLM2
+
+
+def whole_chars(tokenizer, ids) -> str:
+    """The text of ids as the server shows it: decoded, less a character cut off at the end."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return decoder.decode(b"".join(tokenizer.token_bytes(t) for t in ids))
 
 
 def toy_tokenizer():

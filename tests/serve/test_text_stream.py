@@ -1,7 +1,7 @@
 """TextStream: pieces joined equal tokenizer.decode, whole characters only, stop strings cut."""
 from hypothesis import given, strategies as st
 
-from api_helpers import toy_tokenizer
+from api_helpers import toy_tokenizer, whole_chars
 from transformer_lab.serve.text_stream import TextStream
 
 TOK = toy_tokenizer()
@@ -25,17 +25,21 @@ def test_a_character_split_over_tokens_comes_out_whole():
     assert stream.text == "北京 🍕!"
 
 
-def test_a_cut_off_character_becomes_one_replacement_at_the_end():
+def test_a_character_cut_off_at_the_end_is_left_out():
     ids = TOK.encode("ab🍕")[:-1]
     pieces, stream = run(ids, [1])
-    assert "".join(pieces) == "ab\ufffd" == TOK.decode(ids)
+    assert "".join(pieces) == "ab" and TOK.decode(ids) == "ab\ufffd"
+    ids = TOK.encode("a") + [TOK.encode("🍕")[1]] + TOK.encode("b")  # a stray byte: U+FFFD
+    assert "".join(run(ids, [])[0]) == "a\ufffdb" == TOK.decode(ids)
 
 
 @given(st.lists(st.integers(3, len(TOK.tokens) - 1), max_size=40),
        st.lists(st.integers(0, 40), max_size=8))
 def test_pieces_joined_equal_decode_however_the_ids_are_split(ids, splits):
     pieces, stream = run(ids, [s for s in splits if s <= len(ids)])
-    assert "".join(pieces) == stream.text == TOK.decode(ids)
+    assert "".join(pieces) == stream.text == whole_chars(TOK, ids)
+    full = TOK.decode(ids)
+    assert full in (stream.text, stream.text + "\ufffd")
 
 
 @given(st.text(alphabet="ab北🍕\n", max_size=30), st.lists(st.integers(0, 120), max_size=6),

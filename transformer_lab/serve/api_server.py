@@ -77,6 +77,7 @@ def metrics_text(snapshot) -> str:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # the listen backlog: socketserver's 5 resets a burst of clients
 
     def handle_error(self, request, client_address):
         """One line, never a traceback (a client that resets its connection is not news)."""

@@ -6,8 +6,10 @@
 
 Token bytes go through an incremental UTF-8 decoder, so a character split over
 several tokens (Chinese, emoji: one token may hold half of one) comes out once it
-is complete. Bytes that are not UTF-8 become U+FFFD, as tokenizer.decode makes them,
-so the pieces joined are exactly tokenizer.decode(ids) of the same ids.
+is complete. Bytes that cannot start or continue a character become U+FFFD, as
+tokenizer.decode makes them; a character cut off at the end (the token budget ran
+out in the middle of it) is left out, as the chat CLI leaves it out. So the pieces
+joined are tokenizer.decode(ids) less, at most, a U+FFFD at its end.
 
 Stop strings (OpenAI's `stop`) end the text before their first occurrence, which is
 not part of it. While text could still be the start of a stop string, the last
@@ -39,12 +41,12 @@ class TextStream:
         return self._release(final=False)
 
     def finish(self) -> str:
-        """The request ended: flush the decoder (a cut-off character becomes U+FFFD, as in
-        tokenizer.decode) and show what was held back."""
+        """The request ended: show what was held back. Bytes of a character that never
+        completed are dropped, not shown as U+FFFD: only whole characters go out."""
         if self.stopped_by is not None or self.finished:
             self.finished = True
             return ""
-        self._pending += self._decoder.decode(b"", final=True)
+        self._decoder.reset()
         self.finished = True
         return self._release(final=True)
 
