@@ -17,7 +17,6 @@ the question or typed in, become U+FFFD with a note on stderr.
 """
 from __future__ import annotations
 
-import argparse
 import codecs
 import functools
 import sys
@@ -26,7 +25,8 @@ import warnings
 
 import numpy as np
 
-from . import EXIT_INTERRUPTED, OneLineParser, silence_stdout
+from . import (EXIT_INTERRUPTED, OneLineParser, non_empty_path, non_negative_int,
+               number_at_least, positive_int, silence_stdout)
 from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model, load_gguf
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
 from ..generation import generate_stream
@@ -132,33 +132,6 @@ def report(load_seconds, n_prompt, prefill, steps, decode, params, err=None):
     print("[" + " | ".join(parts) + "]", file=err, flush=True)
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
-
-
-def gguf_path(text):
-    if not text:
-        raise argparse.ArgumentTypeError("the path is empty ('')")
-    return text
-
-
-def non_negative_float(text):
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
 def build_parser():
     parser = OneLineParser(
         prog="python -m transformer_lab.chat",
@@ -167,11 +140,11 @@ def build_parser():
                "context problem, 2 bad options, 130 interrupted.")
     parser.add_argument("question", nargs="?",
                         help="answer this one question; without it, start an interactive session")
-    parser.add_argument("--gguf", metavar="PATH", type=gguf_path,
+    parser.add_argument("--gguf", metavar="PATH", type=non_empty_path,
                         help="the GGUF model file (default: the installed model)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                         help="most tokens per answer (default 256)")
-    parser.add_argument("--temperature", type=non_negative_float, default=0.2, metavar="T",
+    parser.add_argument("--temperature", type=number_at_least(0), default=0.2, metavar="T",
                         help="sampling temperature; 0 is greedy (default 0.2)")
     parser.add_argument("--top-k", type=positive_int, default=50, metavar="K",
                         help="sample among the K most likely tokens (default 50)")
