@@ -23,7 +23,7 @@ import _common  # noqa: F401  (puts the repo root on sys.path when run from a ch
 from console import (fmt_num, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
 from transformer_lab import ActivationRecord, KVCache, find_model, forward, generate, load_gguf
-from transformer_lab.cli.chat import chat_prompt
+from transformer_lab.pretrained.chat_template import apply_chat_template
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
                                      read_bandwidth, speed_check, time_rows, timed)
@@ -143,7 +143,8 @@ def heads_part(params, cfg, tokenizer, quick):
 
 def kv_part(params, cfg, tokenizer, quick):
     n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
-    prompt = np.array([tokenizer.encode(chat_prompt([], QUESTION))])  # [1, T0]
+    text = apply_chat_template([{"role": "user", "content": QUESTION}])
+    prompt = np.array([tokenizer.encode(text)])  # [1, T0]
     T0 = prompt.shape[1]
     cached = generate(params, cfg, prompt, n, greedy=True, use_cache=True)
     uncached = generate(params, cfg, prompt, n, greedy=True, use_cache=False)

@@ -27,14 +27,12 @@ import numpy as np
 
 from . import (EXIT_INTERRUPTED, OneLineParser, non_empty_path, non_negative_int,
                number_at_least, positive_int, silence_stdout)
+from ..pretrained.chat_template import apply_chat_template, stop_token_ids
 from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model, load_gguf
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
 from ..generation import generate_stream
 from ..pretrained.tokenizer import SURROGATES
 
-USER_TURN = "<|im_start|>user\n{text}<|im_end|>\n"
-ASSISTANT_START = "<|im_start|>assistant\n"
-END_OF_TURN = "<|im_end|>"
 EXIT_WORDS = ("exit", "quit")
 
 
@@ -66,22 +64,22 @@ def encode_with_notes(tokenizer, text: str, shown: set, err=None) -> list[int]:
 
 
 def chat_prompt(turns, question: str) -> str:
-    """The chat template: earlier (question, answer) turns, the new question, the assistant's cue."""
-    text = "".join(USER_TURN.format(text=q) + ASSISTANT_START + a + END_OF_TURN + "\n"
-                   for q, a in turns)
-    return text + USER_TURN.format(text=question) + ASSISTANT_START
+    """The prompt for the next answer: earlier (question, answer) turns, the new question,
+    then the assistant's cue. No system message."""
+    messages = [{"role": role, "content": text} for q, a in turns
+                for role, text in (("user", q), ("assistant", a))]
+    return apply_chat_template([*messages, {"role": "user", "content": question}])
 
 
 def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
     """Stream one answer to `out`; return (answer ids, prefill seconds, decode steps, decode seconds).
 
+    The answer ends at a stop token (stop_token_ids) or when the token budget is spent.
     Token bytes go through an incremental UTF-8 decoder, so a character split
     over several tokens (Chinese, emoji) is printed once it is complete.
     """
     out = sys.stdout if out is None else out
-    stops = {tokenizer.token_to_id(END_OF_TURN)}
-    if tokenizer.eos_id is not None:
-        stops.add(tokenizer.eos_id)
+    stops = stop_token_ids(tokenizer)
     budget = min(args.max_new_tokens, cfg.max_seq - len(prompt_ids))
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     ids = []
@@ -162,9 +160,10 @@ def run(args) -> int:
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if END_OF_TURN not in tokenizer.special_tokens:
-        print(f"error: {path}: the model has no {END_OF_TURN} token, so it does not use "
-              f"the chat template this command writes", file=sys.stderr)
+    try:
+        stop_token_ids(tokenizer)  # the model must use the template this command writes
+    except ValueError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
         return 1
     load_seconds = time.perf_counter() - start
     if args.top_k > cfg.vocab:
