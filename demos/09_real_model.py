@@ -27,7 +27,8 @@ from transformer_lab.pretrained.chat_template import apply_chat_template
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
                                      read_bandwidth, speed_check, time_rows, timed)
-from transformer_lab.measure.flops import attention_flops_per_token, flops_per_token, matmul_weights
+from transformer_lab.measure.flops import (attention_flops_per_token, flops_per_token,
+                                           matmul_weights)
 
 NUMBER = 9
 # For a model file that is installed but does not load (a cut-off download, a damaged disk).

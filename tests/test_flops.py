@@ -1,7 +1,7 @@
 """measure/flops.py, the one FLOP count of demo 09 and the benchmarks, against hand counts."""
 import pytest
 
-from transformer_lab import TINY, TINY_GPT2, init_params, llama_config
+from transformer_lab import TINY, TINY_GPT2, init_params, llama_config, named_params
 from transformer_lab.measure.flops import (attention_flops, attention_flops_per_token,
                                            causal_attention_flops, causal_pairs, flops_per_token,
                                            forward_flops, matmul_weights, train_step_flops)
@@ -25,11 +25,12 @@ def test_matmul_weights_by_hand():
 def test_matmul_weights_are_the_params_matrices(cfg):
     """Every 2-D weight of the blocks and the head (the token table when tied), nothing else:
     not the position table, not biases or norm gains."""
-    params = init_params(cfg)
-    blocks = sum(w.size for block in params["blocks"] for group in ("attn", "mlp")
-                 for w in block.get(group, {}).values() if w.ndim == 2)
-    head = params["tok_emb"].size if cfg.tie_embeddings else params["lm_head"]["w"].size
-    assert matmul_weights(cfg) == blocks + head
+    matrices = {name: a.size for name, a in named_params(init_params(cfg)) if a.ndim == 2}
+    assert "pos_emb" in matrices or cfg.pos != "learned"
+    matrices.pop("pos_emb", None)  # a lookup, like the token table
+    if not cfg.tie_embeddings:
+        del matrices["tok_emb"]
+    assert matmul_weights(cfg) == sum(matrices.values())
 
 
 def test_attention_counts_by_hand():
