@@ -241,7 +241,7 @@ def test_readme_says_how_to_run_the_benchmarks_from_elsewhere():
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     pytest.importorskip("gguf")
-    from test_gguf import tiny_config, tiny_params, write_gguf
+    from tiny_gguf import tiny_config, tiny_params, write_gguf
     cfg = tiny_config()
     return str(write_gguf(tmp_path_factory.mktemp("chat") / "tiny.gguf", cfg, tiny_params(cfg)))
 
