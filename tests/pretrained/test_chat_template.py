@@ -79,7 +79,7 @@ def test_stop_token_ids():
 
 def test_stop_token_ids_of_the_tiny_model_file(tmp_path):
     pytest.importorskip("gguf")
-    from test_gguf import tiny_config, tiny_params, write_gguf
+    from tiny_gguf import tiny_config, tiny_params, write_gguf
     from transformer_lab import load_gguf
     cfg = tiny_config()
     _, _, tokenizer = load_gguf(write_gguf(tmp_path / "tiny.gguf", cfg, tiny_params(cfg)))
