@@ -21,28 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import OneLineParser
+from ..cli import OneLineParser, int_at_least, non_empty_path
 from .api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from .engine_loop import BATCHING
 
 API_KEY_ENV = "TRANSFORMER_LAB_API_KEY"
 
 
-def _int_at_least(low):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    parse.__name__ = f"int >= {low}"
-    return parse
-
-
 def port_number(text):
-    value = _int_at_least(0)(text)
+    value = int_at_least(0)(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be 0..65535, got {value}")
     return value
@@ -59,7 +46,7 @@ def build_parser():
                         "(default 127.0.0.1)")
     parser.add_argument("--port", type=port_number, default=8000,
                         help="port (default 8000; 0 picks a free one, shown in the ready line)")
-    parser.add_argument("--model", metavar="PATH",
+    parser.add_argument("--model", metavar="PATH", type=non_empty_path,
                         help="a llama-architecture GGUF file (default: the installed SmolLM2)")
     parser.add_argument("--served-model-name", metavar="NAME",
                         help="the model's name in the API (default: the GGUF file's stem)")
@@ -68,16 +55,16 @@ def build_parser():
                              f"${API_KEY_ENV}, else none)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=_int_at_least(1), default=32, metavar="N",
+    engine.add_argument("--max-num-seqs", type=int_at_least(1), default=32, metavar="N",
                         help="sequences in the running batch at most (default 32)")
-    engine.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=1024,
+    engine.add_argument("--max-num-batched-tokens", type=int_at_least(1), default=1024,
                         metavar="N", help="tokens computed per step at most (default 1024)")
-    engine.add_argument("--block-size", type=_int_at_least(1), default=16, metavar="N",
+    engine.add_argument("--block-size", type=int_at_least(1), default=16, metavar="N",
                         help="tokens per KV block (default 16)")
     pool = engine.add_mutually_exclusive_group()
-    pool.add_argument("--num-blocks", type=_int_at_least(1), metavar="N",
+    pool.add_argument("--num-blocks", type=int_at_least(1), metavar="N",
                       help="KV blocks in the pool (default: from --kv-cache-memory)")
-    pool.add_argument("--kv-cache-memory", type=_int_at_least(1), metavar="BYTES",
+    pool.add_argument("--kv-cache-memory", type=int_at_least(1), metavar="BYTES",
                       help="bytes for the KV pool (default: max-num-seqs full contexts, at "
                            "most 256 MiB)")
     engine.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
@@ -88,10 +75,10 @@ def build_parser():
     server.add_argument("--batching", choices=BATCHING, default="continuous",
                         help="continuous (the engine's), static (whole batches), none (one "
                              "request at a time); default continuous")
-    server.add_argument("--max-waiting", type=_int_at_least(0), default=MAX_WAITING, metavar="N",
+    server.add_argument("--max-waiting", type=int_at_least(0), default=MAX_WAITING, metavar="N",
                         help=f"requests waiting to be admitted before new ones get 503 "
                              f"(default {MAX_WAITING})")
-    server.add_argument("--max-body-bytes", type=_int_at_least(1), default=MAX_BODY_BYTES,
+    server.add_argument("--max-body-bytes", type=int_at_least(1), default=MAX_BODY_BYTES,
                         metavar="N", help=f"larger request bodies get 413 (default "
                                           f"{MAX_BODY_BYTES})")
     return parser

@@ -34,6 +34,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from ..pretrained.chat_template import stop_token_ids
 from . import openai_protocol as protocol
 from .engine_loop import EngineLoop, QueueFull, ShuttingDown
 from .llm import chat_prompt
@@ -102,10 +103,9 @@ class ApiServer:
         tokenizer = llm.tokenizer
         stop_ids = ()
         if tokenizer is not None:
-            try:
-                from ..cli.chat import END_OF_TURN
-                stop_ids = (tokenizer.token_to_id(END_OF_TURN),)
-            except ValueError:
+            try:  # the end of an assistant turn ends a chat answer, as in the chat command
+                stop_ids = tuple(sorted(stop_token_ids(tokenizer)))
+            except ValueError:  # no <|im_end|>: the tokenizer's eos still ends it
                 stop_ids = ()
         self.model = protocol.ModelInfo(
             name=self.model_name, tokenizer=tokenizer, vocab=llm.cfg.vocab,
