@@ -13,13 +13,15 @@ from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
 
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .bench_online import print_online, run_online
 from .bench_serving import print_serving, run_serving
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-# "serving" needs the real model (SmolLM2) and minutes: it runs only when asked for (--only).
-SECTIONS = ("attention", "forward", "decode", "train", "serving")
+# "serving" and "online" need the real model (SmolLM2) and minutes (online: most of an hour
+# on a loaded 2-core machine): they run only when asked for (--only).
+SECTIONS = ("attention", "forward", "decode", "train", "serving", "online")
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -126,6 +128,13 @@ def evaluate_targets(results):
             "met": (at[0]["speedup"] >= DECODE_SPEEDUP_MIN) if at else None,
             "steady": all(at[0].get(f"{k}_steady", True) for k in ("cached", "recompute"))
             if at else True})
+    onl = results.get("online")
+    if onl:
+        t = onl["target"]
+        targets.append({
+            "name": "online: continuous batching where one-at-a-time's TTFT p99 passes 10 s",
+            "target": "TTFT p99 < 2 s and >= 4x one-at-a-time's output tokens/s",
+            "measured": t.get("speedup"), "measured_text": t["text"], "met": t["met"]})
     return targets
 
 
@@ -194,6 +203,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
         results["serving"] = run_serving(small_m=profile.name != "quick")
         results["load"]["after_serving"] = load_average()
         print_serving(out, results["serving"])
+
+    if "online" in sections:
+        results["online"] = run_online(quick=profile.name == "quick")
+        results["load"]["after_online"] = load_average()
+        print_online(out, results["online"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -75,3 +75,29 @@ def test_measure_runs_every_batching_on_the_same_trace():
                                                         "max_tokens": 3, "ignore_eos": True},
                                                        endpoint="chat")], [0.0])
     assert results[0].ok and results[0].output_tokens == 3
+
+
+def test_online_section_reads_its_target_and_goodput_floor():
+    from benchmarks import bench_online
+    from benchmarks.output import Output
+
+    def row(batching, rate, ttft99, out_tps, attain):
+        return {"batching": batching, "rate": rate, "requests": 32, "completed": 32,
+                "ttft_p50": ttft99 / 2, "ttft_p99": ttft99, "tpot_p50": 0.1, "tpot_p99": 0.2,
+                "itl_p50": 0.1, "itl_p99": 0.3, "request_throughput": 0.5,
+                "output_throughput": out_tps, "slo_attainment": attain, "uptime_load": 1.0}
+
+    rows = [row("continuous", 0.5, 0.9, 30.0, 0.95), row("static", 0.5, 4.0, 20.0, 0.5),
+            row("none", 0.5, 12.0, 6.0, 0.1), row("continuous", 1.0, 1.5, 50.0, 0.8),
+            row("none", 1.0, 30.0, 6.5, 0.0)]
+    target = bench_online.evaluate(rows)
+    assert target["rate"] == 1.0 and target["met"] is True
+    assert target["speedup"] == pytest.approx(50 / 6.5)
+    assert bench_online.goodput_falls_at(rows) == 1.0
+    assert bench_online.target_rate(rows, (0.5, 1.0)) == 1.0
+    assert bench_online.evaluate([r for r in rows if r["batching"] != "none"])["met"] is None
+    result = {"requests": 32, "prompt_tokens": 4332, "output_tokens": 2289, "slo": {"ttft": 2.0,
+              "tpot": 0.25}, "max_num_seqs": 32, "rows": rows, "target": target,
+              "goodput_below_floor_at": 1.0}
+    assert len(bench_online.table_rows(result)) == 5
+    bench_online.print_online(Output(quiet=True), result)
