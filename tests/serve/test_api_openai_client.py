@@ -40,6 +40,9 @@ def test_completions_and_models(client):
                                          temperature=0, stream=True)
     assert "".join(c.choices[0].text for c in streamed) == out.choices[0].text
     assert [m.id for m in client.models.list()] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
 
 
 def test_errors_are_the_clients_exceptions(client):

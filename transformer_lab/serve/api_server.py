@@ -5,7 +5,7 @@
     with ApiServer(LLM(), port=0) as server:      # port 0: any free port
         print(server.url)                          # http://127.0.0.1:PORT
 
-Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (both
+Routes: GET /v1/models (and /v1/models/{name}), POST /v1/completions, POST /v1/chat/completions (both
 stream as server-sent events with "stream": true), GET /health, GET /metrics
 (Prometheus text). With api_key, every /v1/ route wants `Authorization: Bearer KEY`.
 
@@ -32,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..pretrained.chat_template import stop_token_ids
@@ -286,6 +287,15 @@ class _Handler(BaseHTTPRequestHandler):
         if len(path) > 1:
             path = path.rstrip("/")
         try:
+            if path.startswith("/v1/models/") and method == "GET":  # GET /v1/models/{model}
+                self._check_key()
+                name = urllib.parse.unquote(path[len("/v1/models/"):])
+                if name != self.server_api.model.name:
+                    raise APIError(404, f"The model `{name}` does not exist.", param="model",
+                                   code="model_not_found")
+                listed = protocol.models_list(self.server_api.model, self.server_api.created)
+                self._json(200, listed["data"][0])
+                return
             if path not in self.ROUTES:
                 raise APIError(404, f"no route {method} {path}; routes: "
                                     + ", ".join(f"{m} {p}" for p, m in self.ROUTES.items()),
