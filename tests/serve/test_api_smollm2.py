@@ -28,11 +28,12 @@ QUESTIONS = {"france": ("What is the capital of France?", 8),
 
 
 @pytest.fixture(scope="module")
-def served():
-    """The server over SmolLM2, the offline answers, and the server's answers: each question
-    streamed and not, all four at once (one batch, so the model's time is paid about once)."""
+def served(smollm2):
+    """The server over SmolLM2 (loaded once per run, tests/conftest.py), the offline answers,
+    and the server's answers: each question streamed and not, all four at once (one batch,
+    so the model's time is paid about once)."""
     from transformer_lab.serve import LLM
-    llm = LLM(max_num_seqs=4)
+    llm = LLM.from_params(*smollm2, max_num_seqs=4)
     names = sorted(QUESTIONS)
     outs = llm.chat([[{"role": "user", "content": QUESTIONS[n][0]}] for n in names],
                     [SamplingParams(temperature=0.0, max_tokens=QUESTIONS[n][1]) for n in names],
