@@ -64,8 +64,8 @@ def run_online(*, quick=False, rates=None, progress=None):
             progress(row)
         return row
 
-    for batching in ("continuous", "static"):
-        for rate in rates:
+    for rate in rates:  # side by side at each rate: the machine's load drifts over the run
+        for batching in ("continuous", "static"):
             run(batching, rate)
     # One at a time: its runs are bound by its own work, the same at every rate, so it runs
     # at the lowest rate and at the rate the target is read at (the highest at which
