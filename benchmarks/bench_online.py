@@ -137,14 +137,15 @@ def table_rows(result):
         rate = "inf" if math.isinf(r["rate"]) else f"{r['rate']:g}"
         out.append([rate, r["batching"], f"{r['completed']}/{r['requests']}",
                     f"{r['request_throughput']:.3f}", f"{r['output_throughput']:.1f}",
-                    _s(r["ttft_p50"]), _s(r["ttft_p99"]), _ms(r["tpot_p50"]), _ms(r["tpot_p99"]),
-                    _ms(r["itl_p50"]), _ms(r["itl_p99"]), f"{r['slo_attainment']:.0%}",
+                    f"{_s(r['ttft_p50'])} / {_s(r['ttft_p99'])}",
+                    f"{_ms(r['tpot_p50'])} / {_ms(r['tpot_p99'])}",
+                    f"{_ms(r['itl_p50'])} / {_ms(r['itl_p99'])}", f"{r['slo_attainment']:.0%}",
                     f"{r['uptime_load']:.1f}"])
     return out
 
 
-HEADERS = ["rate req/s", "batching", "done", "req/s", "out tok/s", "TTFT p50 s", "TTFT p99 s",
-           "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms", "goodput", "load"]
+HEADERS = ["rate", "batching", "done", "req/s", "out tok/s", "TTFT s p50 / p99",
+           "TPOT ms p50 / p99", "ITL ms p50 / p99", "goodput", "load"]
 
 
 def print_online(out, result):
@@ -152,7 +153,8 @@ def print_online(out, result):
     out.header(f"Online serving (SmolLM2-135M, {result['requests']} requests, Poisson arrivals)")
     out.table(HEADERS, table_rows(result),
               caption=f"{result['prompt_tokens']} prompt and {result['output_tokens']} output "
-                      f"tokens per run, streamed from the OpenAI-compatible server on 127.0.0.1; "
+                      f"tokens per run, streamed from the OpenAI-compatible server on 127.0.0.1; rate "
+                      f"in requests/s; "
                       f"max_num_seqs {result['max_num_seqs']}. Goodput: the share of requests "
                       f"with TTFT <= {slo['ttft']:g} s and TPOT <= {slo['tpot'] * 1e3:g} ms. "
                       f"load: the 1-minute load average after the run.")
