@@ -3,7 +3,7 @@
 A heatmap's colour must mean the same on every terminal, so each colour system gets
 its own ramp instead of letting rich quantise one RGB ramp (which, in 256 colours,
 lands on yellows, olives, greys and teals out of order). In every ramp the lightness
-(CIE L*) of the background rises strictly with the value; tests/test_console.py
+(CIE L*) of the background rises strictly with the value; tests/console/test_console.py
 checks the codes actually emitted. Numbers print in black or white, whichever
 contrasts more with their cell: that is always at least 4.58:1 (the square root of
 21, black-on-white's ratio), above WCAG's 4.5:1.

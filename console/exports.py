@@ -42,7 +42,7 @@ EXPORT_THEME = TerminalTheme(
 # export(start=...), which writes only what followed a mark(). So this one function
 # reads rich's private Console._record_buffer, under the lock rich itself takes for
 # it, and only reads it. Tested with rich 13.0.0, 13.9.4, 14.3.4 and 15.0.0;
-# tests/test_console_exports.py fails, naming this function, if a rich release
+# tests/console/test_console_exports.py fails, naming this function, if a rich release
 # renames or reshapes the buffer.
 def _recorded_segments(c: Console) -> list[Segment]:
     """A copy of every Segment that `c` has recorded, in order."""

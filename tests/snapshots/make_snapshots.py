@@ -1,4 +1,4 @@
-"""Write the PyTorch reference snapshots that tests/test_snapshots.py compares against.
+"""Write the PyTorch reference snapshots that tests/core/test_snapshots.py compares against.
 
 Run from the repo root, in an environment that has torch (CI does not need it):
 

@@ -1,5 +1,5 @@
 """Backward passes: every op's backward against central differences of its forward, in
-float64, and the error paths. The whole-model gradient checks are in tests/test_grads.py."""
+float64, and the error paths. The whole-model gradient checks are in tests/training/test_grads.py."""
 import math
 
 import numpy as np

@@ -1,10 +1,9 @@
 """Load demos by number and render them into a recording console, for the demo tests."""
-from pathlib import Path
 
 import console
 from _common import load_demos, render_demo  # demos/ is on sys.path through conftest.py
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import ROOT
 
 
 def demo(number):

@@ -1,6 +1,6 @@
 """attention.py: attention_core (MHA / GQA / MQA, causal offset), attention_weights, causal_mask.
 
-The loop reference (tests/reference.py) goes over batch, query head and query position with
+The loop reference (tests/helpers/reference.py) goes over batch, query head and query position with
 scalar math, so it shares nothing with the batched implementation.
 """
 import math

@@ -14,15 +14,15 @@ negative tail.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import transformer_lab as tl
 from transformer_lab import model as tl_model
+from paths import SNAPSHOTS
 
-SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
 
 # Tolerances (max absolute error unless noted). In brackets: the largest error
 # observed against the snapshots written with torch 2.13.0.

@@ -252,7 +252,7 @@ def test_nopos_first_position_same_as_rope():
                                rtol=0, atol=1e-14)
 
 
-# ------------------------------------------------------------------ against the reference forward (tests/reference.py)
+# ------------------------------------------------------------------ against the reference forward (tests/helpers/reference.py)
 
 
 def _perturbed(params, seed):

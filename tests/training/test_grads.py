@@ -2,7 +2,7 @@
 float64, for every combination of norm, MLP, positions, bias, tied head and GQA; and its
 contract (layout, tied table, ignored targets, errors).
 
-The PyTorch autograd comparison is in tests/test_snapshots.py, float32 in tests/test_dtype.py.
+The PyTorch autograd comparison is in tests/core/test_snapshots.py, float32 in tests/core/test_dtype.py.
 """
 import itertools
 

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from benchmarks.bench_train import run_train, step_flops, train_config
 from benchmarks.output import Output
 from transformer_lab import attention_core
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import ROOT
 
 # Tiny sizes: a small model, short sequences, one timed repeat each.
 TINY = replace(QUICK, name="tiny", attn_sizes=(16, 40), attn_groups=(4, 1), attn_heads=4,

@@ -8,14 +8,15 @@ the schedule against hand-worked values.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import transformer_lab as tl
+from paths import SNAPSHOTS
 
-SNAPSHOT = Path(__file__).resolve().parent / "snapshots" / "optim.npz"
+SNAPSHOT = SNAPSHOTS / "optim.npz"
+
 
 # Max relative error of the params after each step, against torch (largest observed
 # with torch 2.13.0 in brackets). float64: the same formula in a different order of

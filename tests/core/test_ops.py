@@ -1,7 +1,7 @@
 """ops.py: softmax, log_softmax, layer_norm, rms_norm, erf, gelu, gelu_tanh, silu.
 
 Every function is checked against an independent scalar reference written with
-the math module, in Python loops (tests/reference.py).
+the math module, in Python loops (tests/helpers/reference.py).
 """
 import math
 import warnings

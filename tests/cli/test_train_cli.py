@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import pytest
 import transformer_lab as tl
 from transformer_lab.cli import train
 
-ROOT = Path(__file__).resolve().parent.parent
+from paths import ROOT
 ANSI = "\x1b["
 
 
