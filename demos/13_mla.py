@@ -21,10 +21,10 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_float, fmt_num, fmt_time, print_observations, print_section,
                      print_table, print_text)
-from transformer_lab import (Config, KVCache, apply_rope, init_params, llama_config,
-                             named_params, param_shapes, rope_angles)
+from transformer_lab import (Config, KVCache, apply_rope, forward, init_params, llama_config,
+                             mla_attention_absorbed, mla_attention_naive, named_params,
+                             param_shapes, rope_angles)
 from transformer_lab.measure import blas_threads, run_side_by_side
-from transformer_lab.mla import mla_attention_absorbed, mla_attention_naive
 
 NUMBER = 13
 SEED = 13
@@ -161,7 +161,6 @@ def build():
     cfg = Config(**BUILD)
     params = init_params(cfg, SEED)
     cache = KVCache(cfg, 1, BUILD_T)
-    from transformer_lab import forward
     tokens = np.random.default_rng(SEED).integers(0, cfg.vocab, size=(1, BUILD_T))
     forward(params, cfg, tokens, cache=cache)
     shapes = param_shapes(cfg)["blocks"][0]["attn"]
