@@ -85,8 +85,8 @@ TEXT = {
         "obs_noise": "{names} 与 MHA 的差别不超过种子之间的标准差（最大 {s}）：在这个规模上"
                      "分不出好坏。",
         "obs_noise_none": "每种设计与 MHA 的差别都超过种子之间的标准差（最大 {s}）。",
-        "obs_bytes": "缓存字节：MLA 每 token {mla}，在 MHA（{mha}）、GQA（{gqa}）与 MQA（{mqa}）"
-                     "之间。MLA 的损失 {lm}，MHA {lh}：{verdict}。",
+        "obs_bytes": "每 token 的缓存字节从多到少：{order}；MLA 是 MHA 的 {share}。"
+                     "MLA 的损失 {lm}，MHA {lh}：{verdict}。",
         "v_better": "MLA 比 MHA 低，且超出种子噪声",
         "v_same": "两者之差在种子噪声之内",
         "v_worse": "MLA 比 MHA 高，且超出种子噪声",
@@ -146,8 +146,8 @@ TEXT = {
                      "to {s}): at this scale the measurement cannot tell them apart.",
         "obs_noise_none": "Every design differs from MHA by more than the spread between seeds "
                           "(std up to {s}).",
-        "obs_bytes": "Cache bytes: MLA's {mla} per token sit between MHA's ({mha}), GQA's "
-                     "({gqa}) and MQA's ({mqa}). MLA's loss is {lm}, MHA's {lh}: {verdict}.",
+        "obs_bytes": "Cache bytes per token, most first: {order}; MLA's are {share} of "
+                     "MHA's. MLA's loss is {lm}, MHA's {lh}: {verdict}.",
         "v_better": "MLA is lower, by more than the seed noise",
         "v_same": "the difference is inside the seed noise",
         "v_worse": "MLA is higher, by more than the seed noise",
@@ -378,11 +378,11 @@ def observations(result, lang):
     else:
         items.append(t["obs_noise_none"].format(s=f"{max(row['std'] for row in tr['rows']):.3f}"))
     mla = rows["MLA"]
-    items.append(t["obs_bytes"].format(mla=mla["cache_bytes"], mha=mha["cache_bytes"],
-                                       gqa=rows["GQA"]["cache_bytes"],
-                                       mqa=rows["MQA"]["cache_bytes"],
-                                       lm=_loss(mla), lh=_loss(mha),
-                                       verdict=t["v_" + verdict(mla, mha)]))
+    by_bytes = sorted(tr["rows"], key=lambda row: -row["cache_bytes"])
+    items.append(t["obs_bytes"].format(
+        order=" > ".join(f"{row['design']} {row['cache_bytes']}" for row in by_bytes),
+        share=f"{mla['cache_bytes'] / mha['cache_bytes']:.0%}", lm=_loss(mla), lh=_loss(mha),
+        verdict=t["v_" + verdict(mla, mha)]))
     return items
 
 
@@ -414,9 +414,9 @@ def render(result, lang="zh"):
 
     print_section(t["rope"])
     print_text(t["rope_setup"])
-    print_table([t["gap"], *[f"{g['gap']:,}" for g in r["by_gap"]]],
-                [[t["err"], *[f"{g['error']:.3f}" if g["error"] >= 5e-4 else fmt_float(g["error"])
-                              for g in r["by_gap"]]]])
+    print_table([t["gap"], t["err"]],
+                [[f"{g['gap']:,}", f"{g['error']:.3f}" if g["error"] >= 5e-4
+                  else fmt_float(g["error"])] for g in r["by_gap"]])
     print_text(t["decoupled"].format(d=fmt_float(r["decoupled_diff"]), r=r["rope"], c=r["c"],
                                      cr=r["c"] + r["rope"], p=f"{r['rope'] / r['c']:.0%}"))
 

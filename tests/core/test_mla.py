@@ -303,3 +303,15 @@ def test_grads_match_central_differences(q_lora_rank, pos):
             array[idx] = old
             numeric = (up - down) / (2 * eps)
             assert abs(numeric - grads[name][idx]) <= 1e-8 + 1e-6 * abs(numeric), name
+
+
+def test_a_checkpoint_keeps_the_mla_config_and_its_nested_norms(tmp_path):
+    cfg = mla_config(12, dtype=np.float32)
+    params = tl.init_params(cfg, 3)
+    tl.save_checkpoint(tmp_path / "mla.npz", params, cfg)
+    loaded = tl.load_checkpoint(tmp_path / "mla.npz")
+    got_cfg, got_params, _ = loaded
+    assert got_cfg == cfg
+    for (name, a), (other, b) in zip(tl.named_params(params), tl.named_params(got_params)):
+        assert name == other
+        np.testing.assert_array_equal(a, b)

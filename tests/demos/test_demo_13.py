@@ -112,6 +112,10 @@ def test_differences_inside_the_seed_noise_are_said_to_be():
     assert "Every design differs from MHA by more than the spread" in apart
     assert "MLA is lower, by more than the seed noise" in apart
     assert "MLA 2.900 < MHA 3.000 < GQA 3.100 < MQA 3.200" in apart
+    rows = {row["design"]: row for row in quick["train"]["rows"]}
+    order = " > ".join(f"{k} {rows[k]['cache_bytes']}" for k in sorted(
+        rows, key=lambda k: -rows[k]["cache_bytes"]))
+    assert f"Cache bytes per token, most first: {order}" in apart
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
