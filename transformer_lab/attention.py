@@ -230,8 +230,8 @@ def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None)
     S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
     R = H // G
     if dout.shape != (B, T, H * Dv):
-        raise ValueError(f"attention_core_backward: dout must be [B, T, H*Dv] = "
-                         f"{(B, T, H * Dv)}, got {dout.shape}")
+        raise ValueError(f"attention_core_backward: dout must be [B, T, H*D] = "
+                         f"{(B, T, H * Dv)} (D of v), got {dout.shape}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
     def grouped(a):  # [B, T, H, D] -> [B, G, T*R, D], row t*R + r as in attention_core
