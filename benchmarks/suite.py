@@ -13,14 +13,15 @@ from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
 
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .bench_serving import print_serving, run_serving
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-SECTIONS = ("attention", "forward", "decode", "train", "speculative")
-# What a run without --only covers: speculative needs the real model and takes minutes,
-# so it runs when named (python -m benchmarks --only speculative).
+SECTIONS = ("attention", "forward", "decode", "train", "serving", "speculative")
+# What a run without --only covers: serving and speculative need the real model (SmolLM2)
+# and take minutes, so they run when named (python -m benchmarks --only serving).
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -195,6 +196,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
                                      peak_repeats=profile.peak_repeats, use_torch=use_torch)
         results["load"]["after_train"] = load_average()
         print_train(out, results["train"])
+
+    if "serving" in sections:
+        results["serving"] = run_serving(small_m=profile.name != "quick")
+        results["load"]["after_serving"] = load_average()
+        print_serving(out, results["serving"])
 
     if "speculative" in sections:
         results["speculative"] = run_speculative(profile.spec_new_tokens,

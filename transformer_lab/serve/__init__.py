@@ -1,0 +1,51 @@
+"""transformer_lab.serve: a paged-KV serving engine with vLLM's offline API.
+
+    from transformer_lab.serve import LLM, SamplingParams
+    llm = LLM()                                   # SmolLM2-135M; LLM(path) for a GGUF file
+    llm = LLM.from_params(cfg, params, tokenizer=None)  # any transformer_lab model
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=64))
+    outs = llm.chat(conversations, SamplingParams(...))
+    llm.stats()
+
+The design, one job per file (after nano-vllm's layout, our own code):
+
+- sequence.py     Sequence: token ids, status (waiting, running, finished), block_table,
+                  num_cached_tokens (prefix hits), num_computed_tokens.
+- block_manager.py  BlockManager: num_blocks blocks of block_size slots, a free list
+                  (oldest freed reused first) and ref counts; a new block only at a block
+                  boundary; prefix caching of full blocks by chained hashes, verified
+                  against the stored ids; a shared block is never written.
+- scheduler.py    Scheduler: waiting and running queues, rebuilt every step. Running
+                  sequences decode (or continue a chunked prefill) first, then waiting
+                  ones are admitted while the token budget, max_num_seqs and the free
+                  blocks allow. Prefill and decode are mixed in one step (vLLM's choice;
+                  mix_prefill_decode=False alternates as nano-vllm, for comparison). A
+                  decode that finds no free block preempts the newest running sequence,
+                  which is recomputed later.
+- model_runner.py ModelRunner: one forward() of the model itself per step over the
+                  step's tokens concatenated [1, N] (no padding), with a StepCache that
+                  stores K/V into the pool ([num_blocks, block_size, G, D] per layer) and
+                  attends: prefill chunks one by one, all decodes at once over their
+                  blocks gathered per step, each at its own position.
+- llm.py          LLM: checks requests (ValueError naming the request), adds them, steps
+                  until done, samples each request with its own seeded generator,
+                  collects outputs in prompt order with vLLM's metrics; a rich progress
+                  bar on a terminal.
+
+batch_invariant=True makes a request's tokens and logits bitwise those of the
+request run alone: products in fixed row blocks (model.row_invariant_products),
+attention per sequence over exactly its own keys, chunks cut at fixed points,
+no prefix hits, and a preempted sequence replays its tokens one decode at a time.
+
+What a demo can read: llm.step_log (StepRecord per step: sequences, prefill and
+decode tokens, seconds, blocks in use, tokens cached, bytes gathered),
+llm.scheduler.running / .waiting (Sequences with block_table), llm.block_manager.blocks
+(ref_count, hash), llm.pool (the K/V arrays); llm.add_request() and llm.step() to
+drive the engine one step at a time.
+"""
+from .llm import (DEFAULT_KV_CACHE_MEMORY, LLM, CompletionOutput, RequestMetrics, RequestOutput,
+                  StepRecord, chat_prompt)
+from .sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
+           "StepRecord", "chat_prompt", "DEFAULT_KV_CACHE_MEMORY"]

@@ -1,0 +1,438 @@
+"""LLM: the offline serving API (vLLM's): add requests, step the engine until done, collect.
+
+    llm = LLM()                                   # SmolLM2-135M from find_model()
+    outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+    outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].metrics.ttft
+
+Each step: the Scheduler picks the chunks, the ModelRunner runs one forward
+over them against the paged pool, and each sequence that finished a chunk at
+its end samples its next token with its own generator.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..generation import sample_next
+from ..model import row_invariant_products
+from ..params import check_params
+from .block_manager import BlockManager
+from .model_runner import ModelRunner, PagedKVPool
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, SequenceStatus
+
+# Without num_blocks or kv_cache_memory, the pool holds max_num_seqs full-length
+# sequences, capped at this many bytes (256 MiB: 5 825 SmolLM2 tokens, 364 blocks of 16).
+DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
+# Rows per product in batch_invariant mode (model.row_invariant_products): a GEMM of 32
+# rows costs little more than one of 8 (the weight's packing dominates both), and a
+# prefill then needs a quarter as many calls.
+INVARIANT_ROWS = 32
+
+
+def chat_prompt(messages, add_generation_prompt=True) -> str:
+    """The model's chat template applied to one conversation [{"role", "content"}, ...]:
+    transformer_lab.pretrained.chat_template when it exists, else ChatML built from
+    the chat CLI's constants (SmolLM2's template, without its default system turn)."""
+    try:
+        from ..pretrained.chat_template import apply_chat_template
+    except ImportError:
+        apply_chat_template = None
+    if apply_chat_template is not None:
+        return apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    from ..cli.chat import ASSISTANT_START, END_OF_TURN
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}{END_OF_TURN}\n" for m in messages)
+    return text + (ASSISTANT_START if add_generation_prompt else "")
+
+
+# ---------------------------------------------------------------- outputs
+
+@dataclass
+class RequestMetrics:
+    """perf_counter() times of one request, and vLLM's latency figures from them."""
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finish_time: float | None
+    num_generated_tokens: int
+
+    @property
+    def ttft(self) -> float:
+        """Time to first token: arrival to the first generated token."""
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float:
+        """End to end: arrival to the last token."""
+        return self.finish_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (E2E - TTFT) / (n - 1); None for n = 1."""
+        n = self.num_generated_tokens
+        return (self.e2e - self.ttft) / (n - 1) if n > 1 else None
+
+    @property
+    def queue_time(self) -> float:
+        return self.first_scheduled_time - self.arrival_time
+
+
+@dataclass
+class CompletionOutput:
+    """vLLM's per-completion output (RequestOutput.outputs[0])."""
+    index: int
+    text: str | None
+    token_ids: list
+    finish_reason: str
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list
+    token_ids: list  # the generated ones, a stop token included
+    text: str | None  # None without a tokenizer; a final stop token is not in it
+    finish_reason: str  # "stop" (end of sequence or a stop token) or "length" (max_tokens)
+    metrics: RequestMetrics
+    finished: bool = True
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        """vLLM's form: one completion per request here."""
+        return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason)]
+
+
+@dataclass
+class StepRecord:
+    """One engine step, as the step log keeps it."""
+    step: int
+    num_seqs: int  # sequences computed in this step
+    prefill_tokens: int
+    decode_tokens: int
+    seconds: float  # wall time of the forward and the sampling
+    blocks_in_use: int  # after the step
+    tokens_in_cache: int  # K/V positions the running sequences hold, after the step
+    gathered_bytes: int  # K/V the attention copied out of the pool
+
+
+# ---------------------------------------------------------------- the engine
+
+def _positive_int(name, value, *, allow_none=False):
+    if allow_none and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"LLM: {name} must be an int >= 1{' or None' if allow_none else ''}, "
+                         f"got {value!r}")
+    return int(value)
+
+
+class LLM:
+    """The serving engine. Attributes a demo may read:
+
+    cfg, params, tokenizer; block_manager (its .blocks with ref_count and hash), scheduler
+    (.waiting, .running: Sequences with .block_table, .num_computed_tokens), pool
+    (PagedKVPool), step_log (a StepRecord per step), num_blocks, block_size.
+    """
+
+    def __init__(self, model=None, *, dtype=np.float32, **options):
+        from ..pretrained.gguf import find_model, load_gguf
+        cfg, params, tokenizer = load_gguf(find_model(model), dtype=dtype)
+        self._setup(cfg, params, tokenizer, **options)
+
+    @classmethod
+    def from_params(cls, cfg, params, tokenizer=None, **options):
+        """An engine over any transformer_lab model (float64 included)."""
+        self = cls.__new__(cls)
+        self._setup(cfg, params, tokenizer, **options)
+        return self
+
+    def _setup(self, cfg, params, tokenizer, *, block_size=16, num_blocks=None,
+               kv_cache_memory=None, max_num_seqs=32, max_num_batched_tokens=1024,
+               enable_prefix_caching=True, batch_invariant=False, mix_prefill_decode=True):
+        check_params(params, cfg)
+        self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
+        self.block_size = _positive_int("block_size", block_size)
+        self.max_num_seqs = _positive_int("max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = _positive_int("max_num_batched_tokens",
+                                                    max_num_batched_tokens)
+        for name, value in (("enable_prefix_caching", enable_prefix_caching),
+                            ("batch_invariant", batch_invariant),
+                            ("mix_prefill_decode", mix_prefill_decode)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise ValueError(f"LLM: {name} must be True or False, got {value!r}")
+        if num_blocks is not None and kv_cache_memory is not None:
+            raise ValueError("LLM: give num_blocks or kv_cache_memory, not both")
+        per_block = PagedKVPool.bytes_per_token(cfg) * self.block_size
+        if num_blocks is None:
+            memory = _positive_int("kv_cache_memory", kv_cache_memory, allow_none=True)
+            if memory is None:
+                memory = min(DEFAULT_KV_CACHE_MEMORY, self.max_num_seqs * cfg.max_seq
+                             * PagedKVPool.bytes_per_token(cfg))
+            num_blocks = memory // per_block
+            if num_blocks < 1:
+                raise ValueError(f"LLM: kv_cache_memory={memory} bytes holds no block of "
+                                 f"{per_block} bytes")
+        self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.batch_invariant = bool(batch_invariant)
+        # Batch invariance needs a sequence's computation to depend on it alone: prefix hits
+        # (which depend on what ran before) are off, and chunks are cut at fixed points.
+        self.enable_prefix_caching = bool(enable_prefix_caching) and not self.batch_invariant
+        self.block_manager = BlockManager(self.num_blocks, self.block_size,
+                                          self.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.max_num_seqs,
+                                   max_num_batched_tokens=self.max_num_batched_tokens,
+                                   mix=bool(mix_prefill_decode), canonical=self.batch_invariant)
+        self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size)
+        self.runner = ModelRunner(params, cfg, self.pool, batch_invariant=self.batch_invariant)
+        self._next_index = 0
+        self.reset_stats()
+
+    def reset_stats(self):
+        """Zero the counters of stats() and empty the step log (the cache keeps its blocks)."""
+        self.step_log: list[StepRecord] = []
+        self._counts = dict(prefill_tokens_computed=0, prefill_tokens_submitted=0,
+                            decode_tokens=0)
+        bm = self.block_manager
+        bm.peak_blocks_in_use = bm.blocks_in_use
+        bm.prefix_hit_tokens = bm.prefix_query_tokens = 0
+        self.scheduler.preemptions = 0
+
+    def stats(self) -> dict:
+        bm = self.block_manager
+        return dict(num_blocks=bm.num_blocks, blocks_in_use=bm.blocks_in_use,
+                    peak_blocks_in_use=bm.peak_blocks_in_use,
+                    prefix_hit_tokens=bm.prefix_hit_tokens,
+                    prefix_query_tokens=bm.prefix_query_tokens,
+                    preemptions=self.scheduler.preemptions, steps=len(self.step_log),
+                    **self._counts)
+
+    # ------------------------------------------------------------ requests
+
+    def _token_ids(self, index, prompt):
+        """(text or None, ids) of one prompt: a string, ids, or vLLM's {"prompt": ...} or
+        {"prompt_token_ids": ...}."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError(f"request {index}: a dict prompt needs 'prompt' or "
+                                 f"'prompt_token_ids', got keys {sorted(prompt)}")
+        text = None
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"request {index}: a text prompt needs a tokenizer; this LLM "
+                                 f"has none (pass token ids, or tokenizer= to from_params)")
+            text, prompt = prompt, self.tokenizer.encode(prompt)
+        ids = np.asarray(prompt)
+        if ids.ndim != 1:
+            raise ValueError(f"request {index}: a prompt is a string or a 1-D list of token "
+                             f"ids, got shape {ids.shape}")
+        if ids.size == 0:
+            raise ValueError(f"request {index}: the prompt is empty")
+        if not np.issubdtype(ids.dtype, np.integer) or ids.dtype == np.bool_:
+            raise ValueError(f"request {index}: token ids must be integers, got dtype {ids.dtype}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.cfg.vocab:
+            raise ValueError(f"request {index}: token id {lo if lo < 0 else hi} is out of range "
+                             f"[0, {self.cfg.vocab})")
+        return text, [int(t) for t in ids]
+
+    def _check_request(self, index, ids, params):
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"request {index}: sampling params must be a SamplingParams, got "
+                             f"{type(params).__name__}")
+        problem = params.problem(self.cfg.vocab)
+        if problem:
+            raise ValueError(f"request {index}: bad SamplingParams: {problem}")
+        total = len(ids) + params.max_tokens
+        if total > self.cfg.max_seq:
+            raise ValueError(f"request {index}: prompt ({len(ids)} tokens) + max_tokens "
+                             f"({params.max_tokens}) = {total} exceeds max_seq={self.cfg.max_seq}")
+        # The last token is sampled but never fed back, so its K/V are never stored.
+        blocks = self.block_manager.blocks_for(total - 1)
+        if blocks > self.num_blocks:
+            raise ValueError(f"request {index}: needs {blocks} KV blocks of {self.block_size} "
+                             f"tokens ({total - 1} positions) but the whole pool has "
+                             f"{self.num_blocks}")
+
+    def _requests(self, prompts, sampling_params):
+        """Every request checked before any work: [(text, ids, params)]."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("generate: no prompts")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        sampling_params = list(sampling_params)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"generate: {len(prompts)} prompts but {len(sampling_params)} "
+                             f"SamplingParams; give one for all or one per prompt")
+        requests = []
+        for index, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+            text, ids = self._token_ids(index, prompt)
+            self._check_request(index, ids, params)
+            requests.append((text, ids, params))
+        return requests
+
+    def add_request(self, prompt, params=None) -> Sequence:
+        """Queue one request (checked as generate checks it); step() runs it."""
+        (text, ids, params), = self._requests([prompt], params)
+        return self._add(text, ids, params, time.perf_counter())
+
+    def _add(self, text, ids, params, arrival):
+        seq = Sequence(self._next_index, ids, params, arrival_time=arrival, prompt=text)
+        self._next_index += 1
+        self.scheduler.add(seq)
+        return seq
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------ one step
+
+    def step(self) -> list[Sequence]:
+        """Schedule, run one forward, sample; the sequences that finished in this step."""
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            raise RuntimeError("the scheduler found nothing to run (a request larger than "
+                               "the pool should have been refused)")
+        start = time.perf_counter()
+        for chunk in chunks:
+            if chunk.seq.first_scheduled_time is None:
+                chunk.seq.first_scheduled_time = start
+            if chunk.start == chunk.seq.num_cached_tokens and chunk.is_prefill:
+                self._counts["prefill_tokens_submitted"] += chunk.seq.prefill_end
+        invariant = (row_invariant_products(INVARIANT_ROWS) if self.batch_invariant
+                     else contextlib.nullcontext())
+        with invariant:
+            logits = self.runner.run(chunks)  # [chunks that sample, V]
+        finished, row, prefill, decode = [], 0, 0, 0
+        for chunk in chunks:
+            seq, n = chunk.seq, chunk.end - chunk.start
+            seq.num_computed_tokens = chunk.end
+            if chunk.is_prefill:
+                prefill += n
+            else:
+                decode += n
+            if not chunk.sample:
+                continue
+            token = self._sample(seq, logits[row])
+            row += 1
+            seq.token_ids.append(token)
+            now = time.perf_counter()
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            reason = self._finish_reason(seq, token)
+            if reason:
+                seq.finish_time = now
+                self.scheduler.finish(seq, reason)
+                finished.append(seq)
+        self._counts["prefill_tokens_computed"] += prefill
+        self._counts["decode_tokens"] += decode
+        self.step_log.append(StepRecord(
+            step=len(self.step_log), num_seqs=len(chunks), prefill_tokens=prefill,
+            decode_tokens=decode, seconds=time.perf_counter() - start,
+            blocks_in_use=self.block_manager.blocks_in_use,
+            tokens_in_cache=sum(s.num_computed_tokens for s in self.scheduler.running),
+            gathered_bytes=self.runner.last_gathered_bytes))
+        return finished
+
+    def _sample(self, seq, logits) -> int:
+        if not np.isfinite(logits).all():
+            raise ValueError(f"request {seq.index}: the logits at position "
+                             f"{len(seq) - 1} are not finite; check the params")
+        p = seq.params
+        if p.greedy:
+            return int(np.argmax(logits))
+        return int(sample_next(logits[None], greedy=False, temperature=p.temperature,
+                               top_k=p.k, rng=seq.rng)[0])
+
+    def _finish_reason(self, seq, token):
+        p = seq.params
+        eos = None if self.tokenizer is None else self.tokenizer.eos_id
+        if token in p.stop_token_ids or (not p.ignore_eos and eos is not None and token == eos):
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens:
+            return "length"
+        return None
+
+    # ------------------------------------------------------------ generate and chat
+
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True) -> list[RequestOutput]:
+        """One output per prompt, in prompt order. prompts: strings (needs a tokenizer),
+        lists of token ids, or vLLM's dicts; sampling_params: one for all, or one each.
+        Every request is checked before any work (ValueError naming its index)."""
+        requests = self._requests(prompts, sampling_params)
+        arrival = time.perf_counter()
+        seqs = [self._add(text, ids, params, arrival) for text, ids, params in requests]
+        with _progress(len(seqs), use_tqdm) as progress:
+            done = 0
+            while any(not s.is_finished for s in seqs):
+                done += len(self.step())
+                progress(done, sum(len(s.output_token_ids) for s in seqs),
+                         self.block_manager.blocks_in_use, self.num_blocks)
+        return [self._output(seq) for seq in seqs]
+
+    def chat(self, messages, sampling_params=None, *, use_tqdm=True,
+             add_generation_prompt=True) -> list[RequestOutput]:
+        """generate() over conversations put through the model's chat template: one
+        conversation [{"role": ..., "content": ...}, ...] or a list of them."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer; this LLM has none")
+        if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
+            messages = [messages]
+        prompts = [chat_prompt(list(conversation), add_generation_prompt)
+                   for conversation in messages]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _output(self, seq) -> RequestOutput:
+        tokens = seq.output_token_ids
+        text = None
+        if self.tokenizer is not None:
+            shown = tokens[:-1] if seq.finish_reason == "stop" else tokens
+            text = self.tokenizer.decode(shown)
+        metrics = RequestMetrics(seq.arrival_time, seq.first_scheduled_time,
+                                 seq.first_token_time, seq.finish_time, len(tokens))
+        return RequestOutput(str(seq.index), seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
+                             list(tokens), text, seq.finish_reason, metrics)
+
+    def __repr__(self):
+        return (f"LLM(layers={self.cfg.n_layers}, d={self.cfg.d_model}, {np.dtype(self.cfg.dtype)}, "
+                f"{self.num_blocks} blocks of {self.block_size}, max_num_seqs={self.max_num_seqs}, "
+                f"prefix_caching={self.enable_prefix_caching}, "
+                f"batch_invariant={self.batch_invariant})")
+
+
+@contextlib.contextmanager
+def _progress(total, use_tqdm):
+    """A rich progress bar on a terminal (requests done, generated tokens/s, KV blocks in
+    use); nothing when piped or use_tqdm is False. Yields update(done, tokens, used, blocks)."""
+    from rich.console import Console
+    console = Console(file=sys.stderr)
+    if not use_tqdm or not console.is_terminal:
+        yield lambda *counts: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
+    start = time.perf_counter()
+    with Progress(TextColumn("requests"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[speed]}"), TextColumn("{task.fields[kv]}"),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        task = bar.add_task("generate", total=total, speed="", kv="")
+
+        def update(done, tokens, used, blocks):
+            rate = tokens / max(time.perf_counter() - start, 1e-9)
+            bar.update(task, completed=done, speed=f"{rate:,.1f} tok/s",
+                       kv=f"KV blocks {used}/{blocks}")
+        yield update

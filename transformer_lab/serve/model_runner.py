@@ -1,0 +1,174 @@
+"""ModelRunner: one forward per step over the step's chunks, against the paged KV pool.
+
+The pool holds, per layer, K and V of shape [num_blocks, block_size, G, D] in
+the model's dtype. A step's chunks (decodes of one token, prefill chunks of
+any length) are concatenated into one row of tokens [1, N], no padding, and
+handed to the model's own forward() with a StepCache as its cache: the
+norms, the packed QKV and gate/up products, RoPE, the MLP and the head run
+once over all N tokens. StepCache gives each token its own position and, in
+attend(), for every layer:
+
+1. scatters the N new K/V rows into their slots (block_table[p // block_size]
+   * block_size + p % block_size), one fancy-indexed store for the whole step;
+2. attends each prefill chunk by itself: a chunk at the start of its sequence
+   uses its fresh K/V directly, a later chunk gathers its sequence's blocks
+   (pool[block_table]) into a contiguous [1, S, G, D] and attends with its offset;
+3. attends the decodes a few at once: sorted by context and grouped where the
+   contexts are within 1.5x, each group's block tables, padded to its longest,
+   gather [b, blocks * block_size, G, D], and attention_core runs with one offset
+   per row, so each row's query reads only its own positions (what lies past
+   them, padding blocks included, is masked and never read).
+
+Attention reads the blocks by gathering them once per layer per step, not block
+by block: a Python loop over blocks would cost more than the copy. The copy is
+2 * layers * (sum of the decodes' padded contexts) * G * D * itemsize bytes a
+step (46 KB a token for SmolLM2: ~23 MB a step for 16 decodes at context 32);
+bench_serving reports its share of the decode step.
+
+With batch_invariant, decodes are attended one sequence at a time too, over
+exactly their own context, and every product goes through fixed row blocks
+(model.row_invariant_products), so a sequence's numbers depend on it alone.
+
+forward() computes the logits of all N tokens; the runner keeps the rows of
+the chunks that end their sequence (the ones that pick a token).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..attention import attention_core
+from ..model import _forward_unchecked
+
+
+class PagedKVPool:
+    """K and V of every layer, [num_blocks, block_size, G, D] each."""
+
+    def __init__(self, cfg, num_blocks, block_size):
+        self.num_blocks, self.block_size = int(num_blocks), int(block_size)
+        shape = (self.num_blocks, self.block_size, cfg.n_kv_heads, cfg.head_dim)
+        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self.layout = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(cfg.dtype))
+
+    @staticmethod
+    def bytes_per_token(cfg) -> int:
+        """2 (K and V) * layers * G * D * itemsize."""
+        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+
+class StepCache:
+    """The cache forward() sees for one step: KVCache's four calls over the paged pool."""
+
+    def __init__(self, pool: PagedKVPool, chunks, *, batch_invariant=False):
+        self.pool = pool
+        bs = pool.block_size
+        tokens, positions, slots = [], [], []
+        self.prefills = []  # (a, b, start, end, block ids): flat rows a..b-1 are [start, end)
+        decodes = []  # (flat row, position, block ids)
+        row = 0
+        for chunk in chunks:
+            seq, start, end = chunk.seq, chunk.start, chunk.end
+            pos = np.arange(start, end)
+            table = np.asarray(seq.block_table, dtype=np.int64)
+            tokens.append(seq.token_ids[start:end])
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            needed = table[:-(-end // bs)]
+            if end - start == 1 and start > 0 and not batch_invariant:
+                decodes.append((row, start, needed))
+            else:
+                self.prefills.append((row, row + end - start, start, end, needed))
+            row += end - start
+        self.n = row
+        self.tokens = np.concatenate(tokens).astype(np.int64)[None, :]  # [1, N]
+        self._positions = np.concatenate(positions)[None, :]  # [1, N]
+        self.slots = np.concatenate(slots)  # [N]
+        # Decodes in groups of similar context, each padded to its own longest table: one
+        # attention call per group, and little padding gathered (rows sorted by blocks; a
+        # group ends where the next row needs over 1.5x its first row's blocks).
+        self.decode_groups = []  # (flat rows [b], positions [b], block tables [b, width])
+        decodes.sort(key=lambda d: len(d[2]))
+        while decodes:
+            first = len(decodes[0][2])
+            size = next((i for i, d in enumerate(decodes) if len(d[2]) > 1.5 * first + 1),
+                        len(decodes))
+            group, decodes = decodes[:size], decodes[size:]
+            tables = np.zeros((len(group), len(group[-1][2])), dtype=np.int64)  # pad: block 0
+            for i, (_, _, table) in enumerate(group):
+                tables[i, :len(table)] = table
+            self.decode_groups.append((np.array([d[0] for d in group], dtype=np.int64),
+                                       np.array([d[1] for d in group], dtype=np.int64), tables))
+        self.gathered_bytes = 0  # K/V copied by gathers this step, all layers
+
+    # ------------------------------------------------------------ what forward() calls
+
+    def check(self, cfg, batch, new):
+        if batch != 1 or new != self.n:
+            raise ValueError(f"StepCache: expected tokens [1, {self.n}], got [{batch}, {new}]")
+        if self.pool.layout != (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(cfg.dtype)):
+            raise ValueError("StepCache: the KV pool does not match this config")
+
+    def positions(self, new):
+        return self._positions  # [1, N]: every token at its own sequence's position
+
+    def _gather(self, layer, table, length):
+        """One sequence's first `length` K and V from its blocks, [1, length, G, D] each."""
+        _, bs, G, D = self.pool.k[layer].shape
+        k = self.pool.k[layer][table].reshape(1, -1, G, D)[:, :length]
+        v = self.pool.v[layer][table].reshape(1, -1, G, D)[:, :length]
+        self.gathered_bytes += 2 * len(table) * bs * G * D * k.itemsize
+        return k, v
+
+    def attend(self, layer, q, k, v, *, causal=True):
+        _, N, H, D = q.shape
+        G = k.shape[2]
+        pool_k, pool_v = self.pool.k[layer], self.pool.v[layer]
+        # 1. Store every new K/V row in its slot.
+        pool_k.reshape(-1, G, D)[self.slots] = k[0]
+        pool_v.reshape(-1, G, D)[self.slots] = v[0]
+        out = np.empty((1, N, H * D), dtype=np.result_type(q.dtype, k.dtype))
+        # 2. Prefill chunks, one by one (each is a BLAS-sized product already).
+        for a, b, start, end, table in self.prefills:
+            if start == 0:
+                ks, vs = k[:, a:b], v[:, a:b]
+            else:
+                ks, vs = self._gather(layer, table, end)
+            out[:, a:b] = attention_core(q[:, a:b], ks, vs, start, causal=causal)
+        # 3. The decodes, a group at a time, each row at its own position over its own blocks.
+        bs = pool_k.shape[1]
+        for rows, positions, tables in self.decode_groups:
+            B, width = tables.shape
+            keys = pool_k[tables].reshape(B, width * bs, G, D)
+            values = pool_v[tables].reshape(B, width * bs, G, D)
+            self.gathered_bytes += 2 * keys.nbytes
+            out[0, rows] = attention_core(q[0, rows][:, None], keys, values, positions,
+                                          causal=causal)[:, 0]
+        return out, None, None, None
+
+    def advance(self, new):
+        pass  # the scheduler counts computed tokens per sequence
+
+
+class ModelRunner:
+    def __init__(self, params, cfg, pool: PagedKVPool, *, batch_invariant=False):
+        self.params, self.cfg, self.pool = params, cfg, pool
+        self.batch_invariant = batch_invariant
+        self.last_gathered_bytes = 0
+
+    def run(self, chunks) -> np.ndarray:
+        """Compute the step; the logits [len(sampling chunks), vocab] of the chunks that pick
+        a token, in the order of `chunks`."""
+        cache = StepCache(self.pool, chunks, batch_invariant=self.batch_invariant)
+        # The params were checked once when the engine was made.
+        logits = _forward_unchecked(self.params, self.cfg, cache.tokens, cache=cache)[0]  # [N, V]
+        self.last_gathered_bytes = cache.gathered_bytes
+        ends, row = [], 0
+        for chunk in chunks:
+            row += chunk.end - chunk.start
+            if chunk.sample:
+                ends.append(row - 1)
+        return logits[ends]

@@ -1,0 +1,164 @@
+"""Scheduler: which sequences run in the next step, and how many tokens each computes.
+
+Iteration-level scheduling (Orca; vLLM): the batch is re-formed every step.
+A step first serves the running sequences in admission order, each decoding
+one token or computing the next chunk of its prefill, then admits waiting
+sequences (first come, first served) while the token budget
+(max_num_batched_tokens), max_num_seqs and the free blocks allow. Prefills
+longer than the budget left are chunked, so a long prompt neither stalls the
+decodes nor needs a budget of its size.
+
+mix=True (the default, as vLLM) puts prefill chunks and decodes in one step,
+one forward over the concatenated tokens; mix=False alternates as nano-vllm
+does: a step of prefills whenever one can be admitted or continued, else a step
+of decodes. benchmarks/bench_serving.py measures both.
+
+When a decode needs a new block and none is free, the newest running sequence
+is preempted: its blocks are freed, it goes to the front of the waiting queue
+with num_computed_tokens 0, and it is recomputed (as one prefill of its prompt
+and its tokens so far) when admitted again. No sequence is admitted in a step
+that preempted one.
+
+canonical=True (batch-invariant mode) makes a sequence's chunks depend on
+nothing but the sequence: its prompt is cut at fixed multiples of
+max_num_batched_tokens - max_num_seqs (or of the budget, if that is not
+positive) and a chunk runs whole or waits; after a preemption only the prompt is
+prefilled and the generated tokens are replayed one decode step each, as
+they were first computed.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledChunk:
+    """seq computes tokens [start, end) this step; sample: the last one's logits pick a token."""
+    seq: Sequence
+    start: int
+    end: int
+
+    @property
+    def sample(self) -> bool:
+        return self.end == len(self.seq)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.start < self.seq.prefill_end
+
+
+class Scheduler:
+    def __init__(self, block_manager, *, max_num_seqs=32, max_num_batched_tokens=1024, mix=True,
+                 canonical=False):
+        self.block_manager = block_manager
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.mix, self.canonical = mix, canonical
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+
+    def add(self, seq: Sequence):
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------ one step
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.max_num_batched_tokens
+        if self.mix:
+            chunks, budget, preempted = self._serve_running(budget, prefills=True, decodes=True)
+            if not preempted:
+                chunks += self._admit(budget)
+            return chunks
+        # Alternate: prefills when there are any, else decodes.
+        chunks, budget, _ = self._serve_running(budget, prefills=True, decodes=False)
+        chunks += self._admit(budget)
+        if chunks:
+            return chunks
+        chunks, _, _ = self._serve_running(self.max_num_batched_tokens, prefills=False, decodes=True)
+        return chunks
+
+    def _chunk_length(self, seq, budget) -> int:
+        """Tokens of seq's prefill to compute now (0: wait)."""
+        left = seq.prefill_end - seq.num_computed_tokens
+        if not self.canonical:
+            return min(left, budget)
+        # Fixed cut points: multiples of a chunk size from the prompt's start. The size leaves
+        # room for every running sequence's decode, so a chunk is not kept waiting by them.
+        size = self.max_num_batched_tokens - self.max_num_seqs
+        size = size if size > 0 else self.max_num_batched_tokens
+        n = min(left, size - seq.num_computed_tokens % size)
+        return n if n <= budget else 0
+
+    def _serve_running(self, budget, *, prefills, decodes):
+        chunks, preempted = [], False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            start = seq.num_computed_tokens
+            if seq.in_prefill:
+                n = self._chunk_length(seq, budget) if prefills else 0
+            elif decodes:
+                while not self.block_manager.append_slot(seq, start):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    break  # it preempted itself: it was the newest, nothing runs after it
+                n = 1
+            else:
+                n = 0
+            if n:
+                self._scheduled(seq, start, start + n)
+                chunks.append(ScheduledChunk(seq, start, start + n))
+                budget -= n
+            i += 1
+        return chunks, budget, preempted
+
+    def _admit(self, budget) -> list[ScheduledChunk]:
+        chunks = []
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            seq.prefill_end = seq.num_prompt_tokens if self.canonical else len(seq)
+            # Canonical mode has no prefix hits, so its first chunk is known before allocating.
+            if self.canonical and self._chunk_length(seq, budget) == 0:
+                break  # its first chunk does not fit this step whole
+            if not bm.allocate(seq, seq.prefill_end):
+                break
+            n = self._chunk_length(seq, budget)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            start = seq.num_computed_tokens
+            self._scheduled(seq, start, start + n)
+            chunks.append(ScheduledChunk(seq, start, start + n))
+            budget -= n
+        return chunks
+
+    def _scheduled(self, seq, start, end):
+        self.block_manager.register_full_blocks(seq, end)
+
+    def _preempt(self, seq):
+        self.running.remove(seq)
+        self.block_manager.free_seq(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ------------------------------------------------------------ after the step
+
+    def finish(self, seq, reason):
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.running.remove(seq)
+        self.block_manager.free_seq(seq)
