@@ -13,11 +13,14 @@ from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
 
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .bench_serving import print_serving, run_serving
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-SECTIONS = ("attention", "forward", "decode", "train")
+# "serving" needs the real model (SmolLM2) and minutes: it runs only when asked for (--only).
+SECTIONS = ("attention", "forward", "decode", "train", "serving")
+DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
 
@@ -141,7 +144,7 @@ def _vs_torch_target(name, section, limit):
             "steady": _steady_figures(section.get("numpy"), section.get("torch"))}
 
 
-def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None, use_torch=True,
+def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, out=None, use_torch=True,
             command=None):
     """Run the chosen sections of `profile`, print them, write JSON to json_path (None: don't)."""
     out = out or Output()
@@ -186,6 +189,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=SECTIONS, out=None
                                      peak_repeats=profile.peak_repeats, use_torch=use_torch)
         results["load"]["after_train"] = load_average()
         print_train(out, results["train"])
+
+    if "serving" in sections:
+        results["serving"] = run_serving(small_m=profile.name != "quick")
+        results["load"]["after_serving"] = load_average()
+        print_serving(out, results["serving"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

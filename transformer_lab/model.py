@@ -48,23 +48,26 @@ def norm(x, p, cfg: Config):
 
 
 # How x [M, in] @ w [in, out] is computed, by the number of rows M: the one place this
-# is decided. OpenBLAS's GEMM packs the whole weight into its buffers on every call,
-# which costs more than the arithmetic when M is small, while a GEMV per row
-# streams the weight once per row without packing. Measured on SmolLM2's 30
-# layers (their four products per layer, float32, 2 threads; see benchmarks/
-# bench_serving.py, `small_m_table`), in ms:
-_SMALL_M_TABLE = """
- M   stacked GEMM   one GEMV per row
- (filled in by the measurement below)
-"""
-_GEMV_ROWS = range(2, 4)  # M for which one GEMV per row is the fastest correct form
+# is decided. OpenBLAS's GEMM packs the weight into its buffers on every call, which
+# costs more than the arithmetic when M is small, while a GEMV streams the weight
+# once per row without packing. Measured on SmolLM2's 30 layers (their four products,
+# float32, 2 threads, OpenBLAS 0.3.31 Haswell), ms: M=1 15.4; stacked GEMM M=2 36.5,
+# M=4 37.5, M=8 28.8, M=16 39.8; one GEMV per row M=2 20.9, M=4 29.6. So M = 2..4 takes a
+# GEMV per row, M = 5..7 is zero-padded to one GEMM of 8 rows, and the rest is one GEMM.
+# `python -m benchmarks --only serving` re-measures every form side by side
+# (benchmarks/bench_serving.py, small_m_table; the README has the table).
+# A row's GEMV result equals the M = 1 product's, so small decode batches give the
+# same bits as one sequence alone; GEMM rows agree with each other whatever M >= 2 is.
+_GEMV_ROWS = range(2, 5)
+_PAD_ROWS = range(5, 8)
+_PAD_TO = 8
 _invariant_rows = contextvars.ContextVar("invariant_rows", default=0)
 
 
 def _matmul_rows(x, w):
     """x [..., in] @ w [in, out] as 2-D products over all rows (NumPy's matmul of a stacked
     [B, T, in] by a 2-D weight can be several times slower). The form depends on the row
-    count M (see _SMALL_M_TABLE): one GEMM, or one GEMV per row for small M. Under
+    count M (see above): one GEMM, one GEMV per row, or a GEMM padded to 8 rows. Under
     row_invariant_products(rows), always GEMMs of exactly `rows` rows (zero-padded), so
     each row's result is the same whatever rows share the product. dtype is kept."""
     x2 = x.reshape(-1, x.shape[-1])
@@ -75,6 +78,8 @@ def _matmul_rows(x, w):
         y = np.empty((m, w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
         for i in range(m):
             np.matmul(x2[i], w, out=y[i])
+    elif m in _PAD_ROWS:
+        y = _fixed_block_product(x2, w, _PAD_TO)
     else:
         y = x2 @ w
     return y.reshape(*x.shape[:-1], w.shape[-1])

@@ -13,10 +13,11 @@ attend(), for every layer:
 2. attends each prefill chunk by itself: a chunk at the start of its sequence
    uses its fresh K/V directly, a later chunk gathers its sequence's blocks
    (pool[block_table]) into a contiguous [1, S, G, D] and attends with its offset;
-3. attends all the decodes at once: their block tables, padded to the longest,
-   gather [B, max_blocks * block_size, G, D], and attention_core runs with one
-   offset per row, so each row's query reads only its own positions (what lies
-   past them, padding blocks included, is masked and never read).
+3. attends the decodes a few at once: sorted by context and grouped where the
+   contexts are within 1.5x, each group's block tables, padded to its longest,
+   gather [b, blocks * block_size, G, D], and attention_core runs with one offset
+   per row, so each row's query reads only its own positions (what lies past
+   them, padding blocks included, is masked and never read).
 
 Attention reads the blocks by gathering them once per layer per step, not block
 by block: a Python loop over blocks would cost more than the copy. The copy is
@@ -86,14 +87,21 @@ class StepCache:
         self.tokens = np.concatenate(tokens).astype(np.int64)[None, :]  # [1, N]
         self._positions = np.concatenate(positions)[None, :]  # [1, N]
         self.slots = np.concatenate(slots)  # [N]
-        self.decode_rows = np.array([d[0] for d in decodes], dtype=np.int64)  # [B]
-        self.decode_positions = np.array([d[1] for d in decodes], dtype=np.int64)  # [B]
-        self.decode_tables = None
-        if decodes:
-            width = max(len(d[2]) for d in decodes)
-            self.decode_tables = np.zeros((len(decodes), width), dtype=np.int64)  # pad: block 0
-            for i, (_, _, table) in enumerate(decodes):
-                self.decode_tables[i, :len(table)] = table
+        # Decodes in groups of similar context, each padded to its own longest table: one
+        # attention call per group, and little padding gathered (rows sorted by blocks; a
+        # group ends where the next row needs over 1.5x its first row's blocks).
+        self.decode_groups = []  # (flat rows [b], positions [b], block tables [b, width])
+        decodes.sort(key=lambda d: len(d[2]))
+        while decodes:
+            first = len(decodes[0][2])
+            size = next((i for i, d in enumerate(decodes) if len(d[2]) > 1.5 * first + 1),
+                        len(decodes))
+            group, decodes = decodes[:size], decodes[size:]
+            tables = np.zeros((len(group), len(group[-1][2])), dtype=np.int64)  # pad: block 0
+            for i, (_, _, table) in enumerate(group):
+                tables[i, :len(table)] = table
+            self.decode_groups.append((np.array([d[0] for d in group], dtype=np.int64),
+                                       np.array([d[1] for d in group], dtype=np.int64), tables))
         self.gathered_bytes = 0  # K/V copied by gathers this step, all layers
 
     # ------------------------------------------------------------ what forward() calls
@@ -130,16 +138,15 @@ class StepCache:
             else:
                 ks, vs = self._gather(layer, table, end)
             out[:, a:b] = attention_core(q[:, a:b], ks, vs, start, causal=causal)
-        # 3. Every decode at once, each row at its own position over its own blocks.
-        if self.decode_tables is not None:
-            B, width = self.decode_tables.shape
-            bs = pool_k.shape[1]
-            keys = pool_k[self.decode_tables].reshape(B, width * bs, G, D)
-            values = pool_v[self.decode_tables].reshape(B, width * bs, G, D)
+        # 3. The decodes, a group at a time, each row at its own position over its own blocks.
+        bs = pool_k.shape[1]
+        for rows, positions, tables in self.decode_groups:
+            B, width = tables.shape
+            keys = pool_k[tables].reshape(B, width * bs, G, D)
+            values = pool_v[tables].reshape(B, width * bs, G, D)
             self.gathered_bytes += 2 * keys.nbytes
-            rows = self.decode_rows
-            out[0, rows] = attention_core(q[0, rows][:, None], keys, values,
-                                          self.decode_positions, causal=causal)[:, 0]
+            out[0, rows] = attention_core(q[0, rows][:, None], keys, values, positions,
+                                          causal=causal)[:, 0]
         return out, None, None, None
 
     def advance(self, new):

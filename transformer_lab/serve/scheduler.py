@@ -20,8 +20,9 @@ and its tokens so far) when admitted again. No sequence is admitted in a step
 that preempted one.
 
 canonical=True (batch-invariant mode) makes a sequence's chunks depend on
-nothing but the sequence: its prompt is cut at fixed multiples of the budget
-and a chunk runs whole or waits; after a preemption only the prompt is
+nothing but the sequence: its prompt is cut at fixed multiples of
+max_num_batched_tokens - max_num_seqs (or of the budget, if that is not
+positive) and a chunk runs whole or waits; after a preemption only the prompt is
 prefilled and the generated tokens are replayed one decode step each, as
 they were first computed.
 """
@@ -87,8 +88,10 @@ class Scheduler:
         left = seq.prefill_end - seq.num_computed_tokens
         if not self.canonical:
             return min(left, budget)
-        # Fixed cut points: multiples of the budget from the prompt's start.
-        size = self.max_num_batched_tokens
+        # Fixed cut points: multiples of a chunk size from the prompt's start. The size leaves
+        # room for every running sequence's decode, so a chunk is not kept waiting by them.
+        size = self.max_num_batched_tokens - self.max_num_seqs
+        size = size if size > 0 else self.max_num_batched_tokens
         n = min(left, size - seq.num_computed_tokens % size)
         return n if n <= budget else 0
 

@@ -1,0 +1,247 @@
+"""Serving benchmark (python -m benchmarks --only serving): the paged engine on SmolLM2-135M.
+
+32 greedy requests, prompts of 16-256 tokens (chat prompts built from a fixed
+passage), outputs of 16-128 tokens with ignore_eos. Generated tokens per second of
+wall time for (a) one request at a time through generate_stream, (b) static
+batching (batches of max_num_seqs padded to their longest prompt, run until their
+longest output is done), and the engine (mixed steps, alternating steps, and
+batch_invariant). Also: the decode step at B = 16 against B = 1, the bytes the
+attention gathers per step, KV memory held vs used at the peak, and the small-M
+product table behind model._matmul_rows.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from transformer_lab.generation import generate_stream
+from transformer_lab.measure import time_side_by_side
+from transformer_lab import model as core
+
+N_REQUESTS = 32
+PASSAGE = (
+    "The river starts in the mountains, where snow melts every spring and feeds small streams "
+    "that join into one fast current. It runs past farms and old stone bridges, through a "
+    "forest of pine and birch, and then slows down as the valley opens. Towns grew along its "
+    "banks because the water carried boats, turned mills and watered the fields. Today people "
+    "walk beside it, fish from the piers and watch the herons standing in the shallows. In "
+    "summer the water is warm and children swim near the sandy bends; in winter thin ice forms "
+    "at the edges and the current keeps the middle open. Scientists measure its flow, its "
+    "temperature and the fish that live in it, and they have found that cleaner water brought "
+    "back otters and salmon after many years. ") * 3
+QUESTIONS = ("Summarise this in one sentence.", "What animals are mentioned?",
+             "Why did towns grow here?", "Write a title for this text.")
+
+
+def requests(tokenizer, chat_prompt, n=N_REQUESTS):
+    """(prompts, output lengths): prompt i is the longest chat prompt of at most its target
+    length (16..256 tokens, spread evenly), output i is 16..128 (a fixed permutation)."""
+    words = PASSAGE.split()
+    targets = [16 + (240 * i) // (n - 1) for i in range(n)]
+    prompts = []
+    for i, target in enumerate(targets):
+        question = QUESTIONS[i % len(QUESTIONS)]
+        best = tokenizer.encode(chat_prompt([{"role": "user", "content": question}]))[:target]
+        for count in range(1, len(words)):
+            text = " ".join(words[:count]) + "\n\n" + question
+            ids = tokenizer.encode(chat_prompt([{"role": "user", "content": text}]))
+            if len(ids) > target:
+                break
+            best = ids
+        prompts.append(best)
+    outs = [16 + (112 * ((7 * i) % n)) // (n - 1) for i in range(n)]
+    return prompts, outs
+
+
+def one_by_one(params, cfg, prompts, outs):
+    start = time.perf_counter()
+    for p, n in zip(prompts, outs):
+        for _ in generate_stream(params, cfg, [p], n, greedy=True):
+            pass
+    return time.perf_counter() - start
+
+
+def static_batching(params, cfg, prompts, outs, batch):
+    """Batches of `batch` requests in arrival order, each padded to its longest prompt
+    (generate_stream's ragged prefill) and run for its longest output."""
+    start = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        group = prompts[i:i + batch]
+        for _ in generate_stream(params, cfg, group, max(outs[i:i + batch]), greedy=True):
+            pass
+    return time.perf_counter() - start
+
+
+def engine_run(LLM, SamplingParams, cfg, params, tokenizer, prompts, outs, **options):
+    llm = LLM.from_params(cfg, params, tokenizer, **options)
+    sps = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i) for i, n in enumerate(outs)]
+    start = time.perf_counter()
+    results = llm.generate(prompts, sps, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return llm, results, seconds
+
+
+def kv_waste(llm, cfg, outs):
+    """At the step holding the most blocks: slots held vs K/V positions used; and what a
+    contiguous max_seq reservation (and one of prompt + max_tokens) per running sequence
+    would hold."""
+    peak = max(llm.step_log, key=lambda r: r.blocks_in_use)
+    held = peak.blocks_in_use * llm.block_size
+    return dict(peak_step=peak.step, blocks=peak.blocks_in_use, slots_held=held,
+                tokens_used=peak.tokens_in_cache,
+                waste_pct=100 * (1 - peak.tokens_in_cache / held) if held else 0.0)
+
+
+def decode_steps(LLM, SamplingParams, cfg, params, prompts, batch, steps=12):
+    """Median wall time of the engine's pure decode steps with `batch` running sequences,
+    and the bytes their attention gathered per step."""
+    llm = LLM.from_params(cfg, params, None, enable_prefix_caching=False)
+    llm.generate(prompts[:batch], SamplingParams(max_tokens=steps + 1, ignore_eos=True),
+                 use_tqdm=False)
+    decodes = [r for r in llm.step_log if r.prefill_tokens == 0 and r.num_seqs == batch]
+    return (float(np.median([r.seconds for r in decodes])),
+            int(np.median([r.gathered_bytes for r in decodes])))
+
+
+def gather_cost(cfg, batch, context, block_size=16):
+    """Seconds of the per-step K/V gather alone (all layers) for `batch` decodes at `context`."""
+    from transformer_lab.serve.model_runner import PagedKVPool
+    nb = -(-context // block_size)
+    pool = PagedKVPool(cfg, batch * nb + 1, block_size)
+    tables = np.arange(batch * nb).reshape(batch, nb)
+    for a in pool.k + pool.v:
+        a[:] = 1.0
+
+    def gather():
+        for layer in range(cfg.n_layers):
+            pool.k[layer][tables]
+            pool.v[layer][tables]
+    return time_side_by_side({"g": gather}, repeats=5)["g"]["median_s"]
+
+
+SMALL_M = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+
+
+def small_m_table(params, repeats=5):
+    """ms for SmolLM2's 30 layers' four products (packed QKV, wo, packed gate/up, down) at
+    M rows, each form side by side: stacked GEMM, one GEMV per row, the transposed
+    product (W^T x^T)^T on a view, padded to 8 and 16 rows, and what _matmul_rows picks."""
+    weights = []
+    for block in params["blocks"]:
+        weights += [block["attn"].product("wqkv"), block["attn"]["wo"],
+                    block["mlp"].product("w_gate_up"), block["mlp"]["w_down"]]
+    rng = np.random.default_rng(0)
+    xs = {w.shape[0]: rng.standard_normal((max(SMALL_M), w.shape[0])).astype(np.float32)
+          for w in weights}
+
+    def form(kind, m):
+        def run():
+            for w in weights:
+                x = xs[w.shape[0]][:m]
+                if kind == "stacked":
+                    x @ w
+                elif kind == "gemv_rows":
+                    for i in range(m):
+                        x[i] @ w
+                elif kind == "transposed":
+                    (w.T @ x.T).T
+                elif kind.startswith("pad"):
+                    rows = int(kind[3:])
+                    padded = np.zeros((-(-m // rows) * rows, x.shape[1]), np.float32)
+                    padded[:m] = x
+                    padded @ w
+                else:
+                    core._matmul_rows(x, w)
+        return run
+    kinds = ("stacked", "gemv_rows", "transposed", "pad8", "pad16", "_matmul_rows")
+    table = {}
+    for m in SMALL_M:
+        timed = time_side_by_side({k: form(k, m) for k in kinds}, repeats=repeats)
+        table[m] = {k: timed[k]["median_s"] * 1e3 for k in kinds}
+    return table
+
+
+def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True):
+    from transformer_lab.pretrained.gguf import find_model, load_gguf
+    from transformer_lab.serve import LLM, SamplingParams, chat_prompt
+    cfg, params, tokenizer = load_gguf(find_model())
+    prompts, outs = requests(tokenizer, chat_prompt, n_requests)
+    generated = sum(outs)
+    result = dict(requests=n_requests, generated_tokens=generated,
+                  prompt_tokens=[len(p) for p in prompts], output_tokens=outs,
+                  max_num_seqs=max_num_seqs)
+    result["engine_s"] = {}
+    engines = {"mixed": {}, "alternate": dict(mix_prefill_decode=False),
+               "batch_invariant": dict(batch_invariant=True)}
+    reference = None
+    for name, options in engines.items():
+        llm, outputs, seconds = engine_run(LLM, SamplingParams, cfg, params, tokenizer, prompts,
+                                           outs, max_num_seqs=max_num_seqs, **options)
+        result["engine_s"][name] = seconds
+        tokens = [o.token_ids for o in outputs]
+        if reference is None:
+            reference = tokens
+            result["stats"] = llm.stats()
+            result["kv"] = kv_waste(llm, cfg, outs)
+            result["kv"]["contiguous_max_seq_slots"] = max_num_seqs * cfg.max_seq
+            result["ttft_median_s"] = float(np.median([o.metrics.ttft for o in outputs]))
+            result["tpot_median_s"] = float(np.median([o.metrics.tpot for o in outputs]))
+        result.setdefault("same_tokens_as_mixed", {})[name] = sum(
+            a == b for a, b in zip(tokens, reference))
+    result["static_s"] = static_batching(params, cfg, prompts, outs, max_num_seqs)
+    result["one_by_one_s"] = one_by_one(params, cfg, prompts, outs)
+    tps = lambda s: generated / s  # noqa: E731
+    result["tokens_per_s"] = {"one_by_one": tps(result["one_by_one_s"]),
+                              "static": tps(result["static_s"]),
+                              **{k: tps(v) for k, v in result["engine_s"].items()}}
+    t = result["tokens_per_s"]
+    result["engine_vs_one_by_one"] = t["mixed"] / t["one_by_one"]
+    result["engine_vs_static"] = t["mixed"] / t["static"]
+    result["invariant_cost"] = result["engine_s"]["batch_invariant"] / result["engine_s"]["mixed"]
+    step1, gathered1 = decode_steps(LLM, SamplingParams, cfg, params, prompts, 1)
+    step16, gathered16 = decode_steps(LLM, SamplingParams, cfg, params, prompts, 16)
+    result["decode_step_s"] = {"1": step1, "16": step16}
+    result["decode_step_ratio_16_vs_1"] = step16 / step1
+    result["gathered_bytes_per_step_16"] = gathered16
+    context = int(np.mean([len(p) for p in prompts[:16]])) + 6
+    result["gather_s_16"] = gather_cost(cfg, 16, context)
+    if small_m:
+        result["small_m_ms"] = small_m_table(params)
+    return result
+
+
+def print_serving(out, r):
+    out.header("Serving: 32 SmolLM2 requests (greedy, ignore_eos)")
+    t, base = r["tokens_per_s"], r["tokens_per_s"]["one_by_one"]
+    rows = [[name, f"{r['generated_tokens'] / tps:.1f} s", f"{tps:.1f}", f"{tps / base:.2f}x"]
+            for name, tps in t.items()]
+    out.table(["method", "wall", "generated tok/s", "vs one by one"], rows,
+              caption=f"prompts {min(r['prompt_tokens'])}-{max(r['prompt_tokens'])} tokens, "
+                      f"outputs {min(r['output_tokens'])}-{max(r['output_tokens'])}; "
+                      f"max_num_seqs {r['max_num_seqs']}")
+    kv = r["kv"]
+    out.table(["figure", "value"], [
+        ["engine / one by one (target >= 5)", f"{r['engine_vs_one_by_one']:.2f}x"],
+        ["engine / static batching (target >= 1.3)", f"{r['engine_vs_static']:.2f}x"],
+        ["decode step B=16 / B=1 (target <= 2.5)",
+         f"{r['decode_step_ratio_16_vs_1']:.2f} ({r['decode_step_s']['16'] * 1e3:.1f} / "
+         f"{r['decode_step_s']['1'] * 1e3:.1f} ms)"],
+        ["K/V gathered per B=16 decode step",
+         f"{r['gathered_bytes_per_step_16'] / 2**20:.1f} MiB, {r['gather_s_16'] * 1e3:.1f} ms"],
+        ["KV waste at peak, blocks of 16 (target < 5 %)",
+         f"{kv['waste_pct']:.2f} % ({kv['tokens_used']} of {kv['slots_held']} slots)"],
+        ["contiguous max_seq reservation would hold",
+         f"{kv['contiguous_max_seq_slots']} slots: "
+         f"{100 * (1 - kv['tokens_used'] / kv['contiguous_max_seq_slots']):.1f} % waste"],
+        ["batch_invariant cost", f"{r['invariant_cost']:.2f}x the mixed engine's time"],
+        ["median TTFT / TPOT (mixed)",
+         f"{r['ttft_median_s']:.2f} s / {r['tpot_median_s'] * 1e3:.0f} ms"],
+        ["same tokens as mixed", ", ".join(f"{k} {v}/{r['requests']}"
+                                           for k, v in r["same_tokens_as_mixed"].items())],
+    ])
+    if "small_m_ms" in r:
+        kinds = list(next(iter(r["small_m_ms"].values())))
+        out.table(["M"] + kinds, [[str(m)] + [f"{v[k]:.1f}" for k in kinds]
+                                  for m, v in r["small_m_ms"].items()],
+                  caption="ms for the 30 layers' four products (median, side by side)")
