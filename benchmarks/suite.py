@@ -13,15 +13,17 @@ from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
 
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .bench_online import print_online, run_online
 from .bench_serving import print_serving, run_serving
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-SECTIONS = ("attention", "forward", "decode", "train", "serving", "speculative")
-# What a run without --only covers: serving and speculative need the real model (SmolLM2)
-# and take minutes, so they run when named (python -m benchmarks --only serving).
+SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative")
+# What a run without --only covers: serving, online and speculative need the real model
+# (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), so they
+# run when named (python -m benchmarks --only serving).
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -133,6 +135,13 @@ def evaluate_targets(results):
             "met": (at[0]["speedup"] >= DECODE_SPEEDUP_MIN) if at else None,
             "steady": all(at[0].get(f"{k}_steady", True) for k in ("cached", "recompute"))
             if at else True})
+    onl = results.get("online")
+    if onl:
+        t = onl["target"]
+        targets.append({
+            "name": "online: continuous batching where one-at-a-time's TTFT p99 passes 10 s",
+            "target": "TTFT p99 < 2 s and >= 4x one-at-a-time's output tokens/s",
+            "measured": t.get("speedup"), "measured_text": t["text"], "met": t["met"]})
     return targets
 
 
@@ -201,6 +210,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
         results["serving"] = run_serving(small_m=profile.name != "quick")
         results["load"]["after_serving"] = load_average()
         print_serving(out, results["serving"])
+
+    if "online" in sections:
+        results["online"] = run_online(quick=profile.name == "quick")
+        results["load"]["after_online"] = load_average()
+        print_online(out, results["online"])
 
     if "speculative" in sections:
         results["speculative"] = run_speculative(profile.spec_new_tokens,

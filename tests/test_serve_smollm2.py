@@ -40,10 +40,9 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def smol():
-    from transformer_lab.pretrained.gguf import load_gguf
+def smol(smollm2):
     from transformer_lab.serve import LLM, chat_prompt
-    cfg, params, tokenizer = load_gguf(MODEL_PATH)
+    cfg, params, tokenizer = smollm2  # loaded once per run (tests/conftest.py)
     llm = LLM.from_params(cfg, params, tokenizer)
     prompts = [tokenizer.encode(chat_prompt([{"role": "user", "content": q}])) for q in QUESTIONS]
     return cfg, params, tokenizer, llm, prompts

@@ -32,6 +32,20 @@ The design, one job per file (after nano-vllm's layout, our own code):
                   collects outputs in prompt order with vLLM's metrics; a rich progress
                   bar on a terminal.
 
+The OpenAI-compatible server (python -m transformer_lab.serve), one job per file too:
+
+- openai_protocol.py  request bodies checked into GenerationRequests; responses, stream
+                  chunks and OpenAI's error object (APIError with its HTTP status).
+- text_stream.py  TextStream: a request's tokens to text, whole UTF-8 characters only,
+                  stop strings cut and held back until ruled out.
+- engine_loop.py  EngineLoop: the engine's steps in one thread; handlers submit requests
+                  (503 past max_waiting) and read their tokens from a queue; aborts free
+                  blocks before the next step; continuous, static or no batching.
+- api_server.py   ApiServer: ThreadingHTTPServer routes, SSE streaming, disconnects,
+                  /metrics in Prometheus text.
+- __main__.py     the command line: one ready line, Ctrl-C / SIGTERM stop cleanly.
+- bench.py        the load generator and vLLM's online metrics (TTFT, TPOT, ITL, goodput).
+
 batch_invariant=True makes a request's tokens and logits bitwise those of the
 request run alone: products in fixed row blocks (model.row_invariant_products),
 attention per sequence over exactly its own keys, chunks cut at fixed points,

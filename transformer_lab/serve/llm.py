@@ -299,6 +299,16 @@ class LLM:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def abort_request(self, seq) -> bool:
+        """Stop a request that add_request() returned, waiting or running: its blocks are
+        free when this returns and it finishes with finish_reason "abort". False if it had
+        already finished. (A server calls this for a client that went away.)"""
+        if seq.is_finished:
+            return False
+        self.scheduler.abort(seq)
+        seq.finish_time = time.perf_counter()
+        return True
+
     # ------------------------------------------------------------ one step
 
     def step(self) -> list[Sequence]:

@@ -162,3 +162,13 @@ class Scheduler:
         seq.finish_reason = reason
         self.running.remove(seq)
         self.block_manager.free_seq(seq)
+
+    def abort(self, seq):
+        """Drop seq wherever it is: a running one frees its blocks now (a waiting one holds
+        none); finish_reason "abort"."""
+        if seq in self.running:
+            self.finish(seq, "abort")
+        else:
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = "abort"
