@@ -9,11 +9,11 @@ sit at different positions: row b's query i is then at position offset[b] + i.
 from __future__ import annotations
 
 import math
-import operator
 
 import numpy as np
 
 from .ops import softmax
+from .validate import check_int
 
 
 def causal_mask(T, S, offset=0):
@@ -42,12 +42,9 @@ def _check_offset(offset):
         if offset.size and (offset == offset[0]).all():
             return int(offset[0])
         return offset.astype(np.int64)
-    try:
-        return operator.index(offset)  # int or NumPy integer; a float raises
-    except TypeError:
-        raise ValueError(f"attention_core: offset must be an integer (the number of tokens "
-                         f"before the first query) or a 1-D int array of one per row, "
-                         f"got {offset!r}") from None
+    return check_int(offset, "attention_core: offset",  # a bool is not a count either
+                     what="an integer (the number of tokens before the first query) or a 1-D "
+                          "int array of one per row")
 
 
 def _check_shapes(q, k, v, offset, causal):

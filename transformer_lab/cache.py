@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention_core
+from .validate import check_int
 
 
 def _count(value, name, low=0):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"KVCache: {name} must be an int >= {low}, got {value!r}")
-    return int(value)
+    return check_int(value, f"KVCache: {name}", low=low)
 
 
 def _cache_layout(cfg):
@@ -44,8 +43,7 @@ class KVCache:
     def __init__(self, cfg, batch, max_len=None, *, mla_path="auto"):
         max_len = cfg.max_seq if max_len is None else max_len
         for name, value in (("batch", batch), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
+            check_int(value, f"KVCache: {name}", low=1, what="a positive int")
         if max_len > cfg.max_seq:
             raise ValueError(
                 f"KVCache: max_len={max_len} exceeds the model's max_seq={cfg.max_seq}")

@@ -15,6 +15,7 @@ from .config import Config
 from .model import _forward_unchecked, check_tokens
 from .ops import softmax
 from .params import check_params
+from .validate import check_int
 
 
 def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
@@ -27,13 +28,11 @@ def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
     if isinstance(temperature, boolean) or not isinstance(temperature, number) \
             or not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, boolean) or not isinstance(top_k, (int, np.integer))
-                              or not 1 <= top_k <= vocab):
-        raise ValueError(f"top_k must be None or an int in [1, {vocab}], got {top_k!r}")
+    if top_k is not None:
+        check_int(top_k, "top_k", low=1, high=vocab, what=f"None or an int in [1, {vocab}]")
     generator = (np.random.Generator, np.random.SeedSequence)
-    if seed is not None and not isinstance(seed, generator) and (
-            isinstance(seed, boolean) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
+    if seed is not None and not isinstance(seed, generator):
+        check_int(seed, "seed", low=0, what="None or an int >= 0")
 
 
 def next_token_probs(logits, *, temperature=1.0, top_k=None):
@@ -127,9 +126,7 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
     """
     prompt, lengths = _prompts(prompt, cfg)
     B, T = prompt.shape
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-            or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_int(max_new_tokens, "max_new_tokens", low=0)
     longest = T if lengths is None else int(lengths.max())
     if longest + max_new_tokens > cfg.max_seq:
         raise ValueError(
