@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "demos"))
 
 import _figures  # noqa: E402
 import console  # noqa: E402
-from _common import (LANGS, OneLineParser, UsageError, check_outputs, export_name,  # noqa: E402
-                     load_demos, render_demo, resolve_lang, stop_quietly)
+from _common import (LANGS, UsageError, add_lang_option, check_outputs,  # noqa: E402
+                     export_name, load_demos, render_demo, resolve_lang, stop_quietly)
 from console import to_jsonable  # noqa: E402
+from transformer_lab.cli import OneLineParser  # noqa: E402  (importable once _common has run)
 
 DONE = {"zh": "全部演示完成：{n} 个，用时 {t}", "en": "All demos done: {n} in {t}"}
 
@@ -40,15 +41,12 @@ def parse_only(text: str, numbers: list[int]) -> list[int]:
     return chosen
 
 
-def main(argv=None) -> int:
-    demos = load_demos()
-    numbers = [d.NUMBER for d in demos]
-    parser = OneLineParser(
-        prog="run_all.py", description="Run the transformer_lab lecture demos in order.",
-        valid_hint="valid options: --only N,N  --lang zh|en  --quick  --export FILE.svg|.html|.txt  "
-                   "--export-dir DIR  --json  --pause  --figures DIR")
-    parser.add_argument("--only", help=f"comma-separated demo numbers ({', '.join(map(str, numbers))})")
-    parser.add_argument("--lang", help=f"{' or '.join(LANGS)}; also TRANSFORMER_LAB_LANG")
+def build_parser(numbers: list[int]) -> OneLineParser:
+    parser = OneLineParser(prog="run_all.py",
+                           description="Run the transformer_lab lecture demos in order.")
+    parser.add_argument("--only", metavar="N,N",
+                        help=f"comma-separated demo numbers ({', '.join(map(str, numbers))})")
+    add_lang_option(parser, f"{' or '.join(LANGS)}; also TRANSFORMER_LAB_LANG")
     parser.add_argument("--quick", action="store_true", help="smaller timing sizes")
     parser.add_argument("--export", metavar="FILE", help="write everything printed to .svg, .html or .txt")
     parser.add_argument("--export-dir", metavar="DIR", help="write one SVG per demo into DIR, for slides")
@@ -56,7 +54,13 @@ def main(argv=None) -> int:
     parser.add_argument("--pause", action="store_true", help="wait for Enter between demos and parts")
     parser.add_argument("--figures", metavar="DIR", help="also write PNG and SVG figures there "
                         "(needs matplotlib)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    demos = load_demos()
+    numbers = [d.NUMBER for d in demos]
+    args = build_parser(numbers).parse_args(argv)
     try:
         lang = resolve_lang(args.lang)
         chosen = parse_only(args.only, numbers) if args.only is not None else numbers

@@ -13,7 +13,7 @@ from pathlib import Path
 if not __package__:  # run as `python path/to/benchmarks`: import it from its repository
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from benchmarks.suite import DEFAULT_JSON, FULL, QUICK, SECTIONS, run_all  # noqa: E402
+from benchmarks.suite import DEFAULT_JSON, DEFAULT_SECTIONS, FULL, QUICK, SECTIONS, run_all  # noqa: E402
 from transformer_lab.cli import EXIT_INTERRUPTED, OneLineParser  # noqa: E402
 
 # Quick runs write their own file: latest.json holds the last full run, which the README cites.
@@ -35,7 +35,8 @@ def build_parser():
                              "latest.json, or quick.json with --quick)")
     parser.add_argument("--no-json", action="store_true", help="do not write a JSON file")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)})")
+                        help=f"run only these sections ({', '.join(SECTIONS)}; without --only: "
+                             f"{', '.join(DEFAULT_SECTIONS)})")
     parser.add_argument("--no-torch", action="store_true",
                         help="skip the PyTorch comparison even when PyTorch is installed")
     return parser
@@ -81,7 +82,7 @@ def main(argv=None):
             parser.usage_error(str(exc))
     profile = QUICK if args.quick else FULL
     try:
-        run_all(profile, json_path, sections=tuple(args.only or SECTIONS),
+        run_all(profile, json_path, sections=tuple(args.only or DEFAULT_SECTIONS),
                 use_torch=not args.no_torch, command=" ".join(["python -m benchmarks", *argv]))
     except KeyboardInterrupt:
         print(file=sys.stderr)

@@ -10,22 +10,13 @@ from transformer_lab import attention_core
 from transformer_lab.measure import matmul_peak as measure_matmul_peak
 from transformer_lab.measure import time_call as measure
 from transformer_lab.measure import time_side_by_side as measure_side_by_side
+from transformer_lab.measure.flops import attention_flops, causal_attention_flops
 
 FLOP_CONVENTION = (
     "4*T*S*H*D per call: the QK^T and PV matmuls (2*T*S*D each, per query head) counted over "
     "the full T x S score matrix, although the causal mask makes about half of it unneeded; "
     "mask and softmax are not counted. The same count for every implementation and size, so "
     "GFLOP/s ratios equal time ratios.")
-
-
-def attention_flops(T, S, H, D):
-    """The convention above: 4 * T * S * H * D."""
-    return 4 * T * S * H * D
-
-
-def causal_flops(T, H, D, offset=0):
-    """Only the visible (query, key) pairs: 4 * H * D * sum over queries of (offset + i + 1)."""
-    return 4 * H * D * (T * offset + T * (T + 1) // 2)
 
 
 def make_qkv(T, H, G, D, *, B=1, S=None, dtype=np.float32, seed=0):
@@ -103,7 +94,7 @@ def run_attention(sizes=(128, 512, 2048), groups=(8, 2), *, H=8, D=64, B=1, eins
                  "bmm": lambda: attention_bmm(q, k, v)},
                 repeats=repeats, warmup=1)
             row = {"T": T, "S": T, "G": G, "flops": flops,
-                   "causal_flops": B * causal_flops(T, H, D),
+                   "causal_flops": B * causal_attention_flops(T, H, D),
                    "attention_core": _with_gflops(timed["attention_core"], flops),
                    "bmm": _with_gflops(timed["bmm"], flops), "einsum": None}
             if T <= einsum_max_T:

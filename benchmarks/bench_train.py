@@ -13,6 +13,7 @@ import numpy as np
 from transformer_lab import (AdamW, clip_grad_norm, forward, init_params, llama_config,
                              loss_and_grads, named_params)
 from transformer_lab.measure import matmul_peak, param_bytes
+from transformer_lab.measure.flops import train_step_flops
 from transformer_lab.measure import time_side_by_side as measure_side_by_side
 
 from .bench_model import _load_torch, describe_config
@@ -25,18 +26,6 @@ TRAIN_SIZE = dict(vocab=4096, d_model=256, n_heads=8, n_kv_heads=4, n_layers=4, 
 
 def train_config(**overrides):
     return llama_config(**{**TRAIN_SIZE, "dtype": np.float32, **overrides})
-
-
-def step_flops(cfg, B, T):
-    """FLOPs of one training step, counting matmuls only: 3 x the forward (the backward
-    does two products for each forward one). The forward is 2 FLOPs per weight of every
-    projection and the head, per token, plus attention's QK^T and PV over the causal
-    pairs T(T+1)/2 per head."""
-    d, H, G, D, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab
-    mlp_mats = 3 if cfg.mlp == "swiglu" else 2
-    per_token = cfg.n_layers * (d * H * D + 2 * d * G * D + H * D * d + mlp_mats * d * F) + d * V
-    forward_flops = 2 * B * T * per_token + cfg.n_layers * B * H * 4 * D * (T * (T + 1) // 2)
-    return 3 * forward_flops
 
 
 def activation_bytes(params, cfg, tokens):
@@ -115,7 +104,7 @@ def run_train(cfg, *, B=8, T=128, repeats=5, peak_n=2048, peak_repeats=5, use_to
         fns["torch"] = lambda: trainer.step(tokens, targets)
         result["timing"] += "; numpy and torch measured round-robin"
     timed = measure_side_by_side(fns, repeats=repeats, warmup=1)
-    flops = step_flops(cfg, B, T)
+    flops = train_step_flops(cfg, B, T)
     peak = matmul_peak(peak_n, repeats=peak_repeats)
     result["flops_per_step"] = flops
     result["flop_convention"] = ("matmuls only: 3 x forward (2 per weight per token for every "

@@ -23,10 +23,12 @@ import _common  # noqa: F401  (puts the repo root on sys.path when run from a ch
 from console import (fmt_num, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
 from transformer_lab import ActivationRecord, KVCache, find_model, forward, generate, load_gguf
-from transformer_lab.cli.chat import chat_prompt
+from transformer_lab.pretrained.chat_template import apply_chat_template
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
                                      read_bandwidth, speed_check, time_rows, timed)
+from transformer_lab.measure.flops import (attention_flops_per_token, flops_per_token,
+                                           matmul_weights)
 
 NUMBER = 9
 # For a model file that is installed but does not load (a cut-off download, a damaged disk).
@@ -142,7 +144,8 @@ def heads_part(params, cfg, tokenizer, quick):
 
 def kv_part(params, cfg, tokenizer, quick):
     n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
-    prompt = np.array([tokenizer.encode(chat_prompt([], QUESTION))])  # [1, T0]
+    text = apply_chat_template([{"role": "user", "content": QUESTION}])
+    prompt = np.array([tokenizer.encode(text)])  # [1, T0]
     T0 = prompt.shape[1]
     cached = generate(params, cfg, prompt, n, greedy=True, use_cache=True)
     uncached = generate(params, cfg, prompt, n, greedy=True, use_cache=False)
@@ -168,19 +171,6 @@ def kv_part(params, cfg, tokenizer, quick):
 
 
 # ---------------------------------------------------------------- 3. decode speed
-
-def matmul_weight_elements(params, cfg):
-    """Elements of every weight matrix a decode step multiplies by: blocks plus the head."""
-    blocks = sum(w.size for p in params["blocks"] for group in ("attn", "mlp")
-                 for w in p[group].values() if w.ndim == 2)
-    head = params["tok_emb"].size if cfg.tie_embeddings else params["lm_head"]["w"].size
-    return int(blocks + head)
-
-
-def attention_flops(cfg, context):
-    """q·k over `context` keys and weights·v: 4·S·D per query head per layer."""
-    return int(round(4 * context * cfg.head_dim * cfg.n_heads * cfg.n_layers))
-
 
 class Decoder:
     """B sequences in one KVCache, advanced by one greedy token per step() call.
@@ -238,10 +228,10 @@ def decode_part(params, cfg, tokenizer, quick, budget):
     bandwidth = read_bandwidth()  # 512 MiB: larger than any cache here
     peak = matmul_peak(peak_n)
     weight_bytes = param_bytes(params)
-    elements = matmul_weight_elements(params, cfg)
+    elements = matmul_weights(cfg)
     context = PREFILL + 1 + (steps + 1) / 2  # mean number of keys over the timed steps
-    attn = attention_flops(cfg, context)
-    flops = 2 * elements + attn
+    attn = attention_flops_per_token(cfg, context)
+    flops = flops_per_token(cfg, context)  # 2 * elements + attn
     gqa = KVCache(cfg, 1, 1).bytes_per_token()
     mha = KVCache(cfg.replace(n_kv_heads=cfg.n_heads), 1, 1).bytes_per_token()
     return {

@@ -7,7 +7,6 @@ into a script, and load_demos() lets run_all.py find them all.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
@@ -23,7 +22,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 import _figures  # noqa: E402  (imports matplotlib only when figures are asked for)
 import console  # noqa: E402
 from console import to_jsonable  # noqa: E402
-from transformer_lab.cli import EXIT_INTERRUPTED  # noqa: E402  (130, as a shell reports Ctrl-C)
+from transformer_lab.cli import EXIT_INTERRUPTED, OneLineParser  # noqa: E402
 
 LANGS = ("zh", "en")
 LANG_ENV = "TRANSFORMER_LAB_LANG"
@@ -33,19 +32,6 @@ NO_CHINESE_HINT = ("note: this terminal's encoding ({enc}) cannot show Chinese; 
 
 class UsageError(Exception):
     """A bad command-line choice: reported in one line, exit status 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line that lists the valid choices, then exit 2."""
-
-    def __init__(self, *args, valid_hint="", **kwargs):
-        super().__init__(*args, **kwargs)
-        self.valid_hint = valid_hint
-
-    def error(self, message):
-        hint = f" ({self.valid_hint})" if self.valid_hint else ""
-        sys.stderr.write(f"{self.prog}: error: {message}{hint}\n")
-        raise SystemExit(2)
 
 
 def resolve_lang(cli_lang: str | None) -> str:
@@ -67,11 +53,15 @@ def resolve_lang(cli_lang: str | None) -> str:
     return lang
 
 
+def add_lang_option(parser, text):
+    """--lang (zh|en), with `text` as its help. resolve_lang checks it rather than argparse:
+    it also reads TRANSFORMER_LAB_LANG and falls back to English where Chinese cannot print."""
+    parser.add_argument("--lang", metavar="|".join(LANGS), help=text)
+
+
 def demo_parser(prog: str, description: str) -> OneLineParser:
-    parser = OneLineParser(prog=prog, description=description,
-                           valid_hint="valid options: --lang zh|en, --quick, --json, --pause, "
-                                      "--export FILE.svg|.html|.txt, --figures DIR")
-    parser.add_argument("--lang", help="zh (default) or en; also TRANSFORMER_LAB_LANG")
+    parser = OneLineParser(prog=prog, description=description)
+    add_lang_option(parser, "zh (default) or en; also TRANSFORMER_LAB_LANG")
     parser.add_argument("--quick", action="store_true", help="smaller timing sizes")
     parser.add_argument("--json", action="store_true", help="print the computed results as JSON")
     parser.add_argument("--pause", action="store_true", help="wait for Enter between parts")

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .validate import check_int
+
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "gelu", "gelu_tanh", "none")  # "none": attention-only blocks
 POSITIONS = ("rope", "learned", "sinusoidal", "none")
@@ -53,12 +55,7 @@ class Config:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         for name in ("vocab", "d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "max_seq"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"Config.{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"Config.{name} must be >= 1, got {value}")
-            object.__setattr__(self, name, int(value))
+            object.__setattr__(self, name, check_int(getattr(self, name), f"Config.{name}", low=1))
         if self.d_model % self.n_heads and self.attention != "mla":
             raise ValueError(
                 f"Config.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

@@ -36,25 +36,25 @@ def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
         raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
 
 
-def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
-    """Pick the next token per row of logits [B, vocab]: argmax, or a sample.
+def next_token_probs(logits, *, temperature=1.0, top_k=None):
+    """The distribution sample_next draws from, per row of logits [B, vocab]: softmax of
+    logits / temperature over the top_k largest (the rest get probability 0), in float64.
 
-    A sampled token always has probability > 0, however the uniform draw falls.
+    The one definition of how temperature and top-k shape a distribution: speculative
+    decoding shapes the target's and the draft's with it too. temperature > 0 here;
+    temperature 0 (or greedy) means argmax, which has no distribution to shape.
     """
-    logits = np.asarray(logits)
-    if logits.ndim != 2 or logits.shape[-1] == 0:
-        raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
-    _check_sampling(greedy, temperature, top_k, logits.shape[-1])
-    if greedy or temperature == 0:
-        return np.argmax(logits, axis=-1)
-    logits = logits.astype(np.float64) / float(temperature)
+    logits = np.asarray(logits).astype(np.float64) / float(temperature)
     if top_k is not None:
-        kth = np.sort(logits, axis=-1)[:, -top_k][:, None]  # the k-th largest per row
+        kth = np.sort(logits, axis=-1)[..., -top_k][..., None]  # the k-th largest per row
         logits = np.where(logits < kth, -np.inf, logits)
-    p = softmax(logits, axis=-1)
-    rng = np.random.default_rng() if rng is None else rng
-    # One uniform draw per row, inverted through the cumulative distribution: the
-    # token is the first whose running total exceeds u * total. `<=` skips tokens of
+    return softmax(logits, axis=-1)
+
+
+def draw(p, rng):
+    """One token per row of probabilities p [B, vocab], by inverting the cumulative
+    distribution at one uniform draw per row; a drawn token always has probability > 0."""
+    # The token is the first whose running total exceeds u * total. `<=` skips tokens of
     # probability 0 (their running total does not grow) even when u is exactly 0.
     cumulative = np.cumsum(p, axis=-1)  # [B, V]
     if not (cumulative[:, -1] > 0).all():
@@ -68,6 +68,22 @@ def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
     # cap at that token.
     last_possible = p.shape[-1] - 1 - np.argmax(p[:, ::-1] > 0, axis=-1)
     return np.minimum(picked, last_possible)
+
+
+def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
+    """Pick the next token per row of logits [B, vocab]: argmax, or a sample from
+    next_token_probs (temperature, then top-k).
+
+    A sampled token always has probability > 0, however the uniform draw falls.
+    """
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
+    _check_sampling(greedy, temperature, top_k, logits.shape[-1])
+    if greedy or temperature == 0:
+        return np.argmax(logits, axis=-1)
+    p = next_token_probs(logits, temperature=temperature, top_k=top_k)
+    return draw(p, np.random.default_rng() if rng is None else rng)
 
 
 def _finite(logits, step):

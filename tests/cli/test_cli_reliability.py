@@ -241,7 +241,7 @@ def test_readme_says_how_to_run_the_benchmarks_from_elsewhere():
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     pytest.importorskip("gguf")
-    from test_gguf import tiny_config, tiny_params, write_gguf
+    from tiny_gguf import tiny_config, tiny_params, write_gguf
     cfg = tiny_config()
     return str(write_gguf(tmp_path_factory.mktemp("chat") / "tiny.gguf", cfg, tiny_params(cfg)))
 
@@ -251,7 +251,8 @@ CHAT_PROG = "python -m transformer_lab.chat"
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--seed", "-1", "hi"], "argument --seed: must be an integer >= 0, got -1"),
+    (["--seed", "-1", "hi"], "argument --seed: must be >= 0, got -1"),
+    (["--seed", "1.5", "hi"], "argument --seed: expected an integer, got '1.5'"),
     (["--gguf", "", "hi"], "argument --gguf: the path is empty ('')"),
     ([""], "empty prompt"),
     (["  \n"], "empty prompt"),

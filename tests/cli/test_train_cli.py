@@ -40,7 +40,10 @@ def run_cli(*argv, timeout=180):
     (["--lr", "1e-3", "--min-lr", "1e-2"], "--min-lr"),
     (["--arch", "bert"], ("invalid choice: 'bert'", "llama", "gpt2")),
     (["--threads", "0"], "--threads: must be >= 1"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--seed", "-1"], "--seed: must be >= 0, got -1"),  # not a NumPy traceback at init
+    (["--bogus"], ("unrecognized arguments: --bogus (valid options: --task induction|addition|"
+                   "reverse|text, --data FILE,", "--seed N, --out DIR, --resume,",
+                   "--quick; --help for more)")),
 ])
 def test_bad_options_exit_2_with_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as info:
@@ -50,6 +53,21 @@ def test_bad_options_exit_2_with_one_line(argv, needle, capsys):
     assert err.count("\n") == 1 and err.startswith("python -m transformer_lab.train: error: ")
     for part in (needle,) if isinstance(needle, str) else needle:
         assert part in err, err
+
+
+def test_an_unknown_option_lists_every_real_option(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--bogus"])
+    listed = capsys.readouterr().err.split("(valid options: ")[1].split("; --help")[0]
+    names = [a.option_strings[-1] for a in train.build_parser()._actions
+             if a.option_strings and a.dest != "help"]
+    assert [part.split()[0] for part in listed.split(", ")] == names and len(names) == 22
+
+
+def test_a_problem_with_the_options_together_is_named_without_the_list(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--heads", "3"])
+    assert "valid options" not in capsys.readouterr().err
 
 
 def test_bad_option_in_a_subprocess():
@@ -114,6 +132,10 @@ def test_quick_run_writes_checkpoint_and_history_then_resume(tmp_path):
     assert proc.returncode == 2 and "already at step 7" in proc.stderr
     proc = run_cli("--quick", "--resume", "--task", "reverse", "--out", str(out))
     assert proc.returncode == 2 and "trained on --task addition" in proc.stderr
+    # The model's shape is the checkpoint's, however the option is spelled.
+    for option in (["--heads", "1"], ["--heads=1"], ["--hea", "1"]):
+        proc = run_cli("--quick", "--resume", "--steps", "9", "--out", str(out), *option)
+        assert proc.returncode == 2 and "has --heads 2; --heads 1 would need a new run" in proc.stderr
 
 
 def test_ctrl_c_then_resume_is_the_same_run(tmp_path, monkeypatch):

@@ -96,8 +96,29 @@ def test_export_writes_a_file(tmp_path, suffix):
     assert len(text) > 500
 
 
+def option_names(parser):
+    return [action.option_strings[-1] for action in parser._actions
+            if action.option_strings and action.dest != "help"]
+
+
+def hint(stderr):
+    """The list of valid options a usage error ends with."""
+    assert "(valid options: " in stderr and stderr.rstrip().endswith("; --help for more)"), stderr
+    return stderr.split("(valid options: ", 1)[1].rsplit("; --help for more)", 1)[0]
+
+
+def test_run_all_unknown_option_lists_its_real_options():
+    import run_all
+    out = run("run_all.py", "--bogus")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    listed = hint(out.stderr)
+    names = option_names(run_all.build_parser([d.NUMBER for d in DEMOS]))
+    assert len(names) == 8 and "--export-dir" in names
+    assert [part.split()[0] for part in listed.split(", ")] == names
+    assert "--lang zh|en" in listed and "--only N,N" in listed
+
+
 @pytest.mark.parametrize("args, needle", [
-    (["--bogus"], "valid options"),
     (["--only", "99"], "valid demos"),
     (["--only", "x"], "valid demos"),
     (["--lang", "fr"], "zh, en"),
@@ -115,9 +136,14 @@ def test_bad_language_from_the_environment_exits_2():
     assert out.returncode == 2 and "TRANSFORMER_LAB_LANG" in out.stderr
 
 
-def test_demo_script_bad_option_exits_2():
+def test_demo_script_bad_option_exits_2_listing_its_real_options():
+    from _common import demo_parser
     out = run("demos/01_soft_lookup.py", "--nope")
-    assert out.returncode == 2 and "valid options" in out.stderr
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    listed = hint(out.stderr)
+    names = option_names(demo_parser("01_soft_lookup.py", ""))
+    assert names == ["--lang", "--quick", "--json", "--pause", "--export", "--figures"]
+    assert [part.split()[0] for part in listed.split(", ")] == names
 
 
 def test_language_from_environment_variable():

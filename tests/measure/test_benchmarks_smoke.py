@@ -15,12 +15,12 @@ import pytest
 
 from benchmarks import QUICK, evaluate_targets, run_all
 from benchmarks.__main__ import parse_args
-from benchmarks.bench_attention import (attention_bmm, attention_einsum, attention_flops,
-                                        causal_flops, make_qkv, run_attention)
+from benchmarks.bench_attention import attention_bmm, attention_einsum, make_qkv, run_attention
 from benchmarks.bench_model import memory_report, mid_config, run_decode, run_forward
-from benchmarks.bench_train import run_train, step_flops, train_config
+from benchmarks.bench_train import run_train, train_config
 from benchmarks.output import Output
 from transformer_lab import attention_core
+from transformer_lab.measure.flops import attention_flops, train_step_flops
 
 from paths import ROOT
 
@@ -48,13 +48,6 @@ def test_formulations_agree_with_attention_core(T, S, H, G, offset, dtype):
         assert got.shape == want.shape == (2, T, H * 8)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, **tol, err_msg=impl.__name__)
-
-
-def test_flop_counts():
-    assert attention_flops(128, 128, 8, 64) == 4 * 128 * 128 * 8 * 64
-    # Causal pairs: T(T+1)/2 for a square matrix, plus T*offset when keys come first.
-    assert causal_flops(4, 1, 1) == 4 * 10
-    assert causal_flops(2, 1, 1, offset=3) == 4 * (4 + 5)
 
 
 def test_run_attention_rows():
@@ -108,7 +101,7 @@ def test_run_all_writes_json(tmp_path):
         assert fwd["torch"]["logits_agree"], fwd["torch"]
         assert fwd["numpy_over_torch_time"] > 0
     tr = data["train"]
-    assert tr["numpy"]["best_s"] > 0 and tr["flops_per_step"] == step_flops(
+    assert tr["numpy"]["best_s"] > 0 and tr["flops_per_step"] == train_step_flops(
         train_config(**TINY.train_model), 2, 8)
     assert tr["memory"]["activation_record_bytes"] > 0 and tr["memory"]["peak_step_bytes"] > 0
     if tr["torch"] is None:
@@ -137,14 +130,6 @@ def test_run_all_one_section_without_json():
     results = run_all(TINY, None, sections=("attention",), out=Output(quiet=True))
     assert "forward" not in results and "decode" not in results
     assert len(results["targets"]) == 2
-
-
-def test_step_flops_by_hand():
-    # d=4, 1 head of 4, 1 layer, d_ff=8, vocab 10, SwiGLU; B=1, T=2.
-    cfg = train_config(vocab=10, d_model=4, n_heads=1, n_kv_heads=1, n_layers=1, d_ff=8, max_seq=2)
-    weights = 4 * 4 * 4 + 3 * 4 * 8 + 4 * 10  # wq wk wv wo, gate up down, head
-    attention = 4 * 4 * 3  # 4*D per causal pair; T=2 has 3 pairs
-    assert step_flops(cfg, 1, 2) == 3 * (2 * 2 * weights + attention)
 
 
 def test_train_without_torch_skips_the_row():

@@ -1,11 +1,12 @@
-"""What the command-line tools share: one-line usage errors and quiet exits.
+"""What the command-line tools share: one-line usage errors, option types, quiet exits.
 
-Used by `python -m transformer_lab.chat` and `python -m benchmarks`; the demos
-and run_all.py have the same behaviour through demos/_common.py.
+Used by `python -m transformer_lab.chat`, `python -m transformer_lab.train`,
+`python -m benchmarks`, the numbered demos (through demos/_common.py) and run_all.py.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -28,6 +29,18 @@ class OneLineParser(argparse.ArgumentParser):
         """Exit 2 with `prog: error: message` as the only output."""
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
+    def given(self, argv) -> set:
+        """The dests of the options argv sets, however they were spelled (--steps 5,
+        --steps=5, or an abbreviation such as --ste 5): argv parsed with no defaults."""
+        saved = [(action, action.default) for action in self._actions]
+        try:
+            for action in self._actions:
+                action.default = argparse.SUPPRESS
+            return set(vars(self.parse_args(argv)))
+        finally:
+            for action, default in saved:
+                action.default = default
+
     def valid_options(self) -> str:
         parts = []
         for action in self._actions:
@@ -45,6 +58,50 @@ class OneLineParser(argparse.ArgumentParser):
             else:
                 parts.append(f"{name} {action.metavar or action.dest.upper()}")
         return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- option types
+# Each turns the option's text into a value or raises ArgumentTypeError, which argparse
+# reports as "argument --steps: must be >= 1, got 0": one line naming the option.
+
+def int_at_least(low: int):
+    """An argparse type: an integer >= low ("expected an integer, got 'x'" otherwise)."""
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def number_at_least(low: float, *, exclusive: bool = False):
+    """An argparse type: a finite number >= low (> low when exclusive)."""
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (exclusive and value == low):
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number {'>' if exclusive else '>='} {low:g}, got {text}")
+        return value
+    parse.__name__ = f"number {'>' if exclusive else '>='} {low:g}"
+    return parse
+
+
+def non_empty_path(text):
+    """An argparse type: a path, which must not be the empty string."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty ('')")
+    return text
 
 
 def silence_stdout():

@@ -17,7 +17,6 @@ the question or typed in, become U+FFFD with a note on stderr.
 """
 from __future__ import annotations
 
-import argparse
 import codecs
 import functools
 import sys
@@ -26,15 +25,14 @@ import warnings
 
 import numpy as np
 
-from . import EXIT_INTERRUPTED, OneLineParser, silence_stdout
+from . import (EXIT_INTERRUPTED, OneLineParser, non_empty_path, non_negative_int,
+               number_at_least, positive_int, silence_stdout)
+from ..pretrained.chat_template import apply_chat_template, stop_token_ids
 from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model, load_gguf
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
 from ..generation import generate_stream
 from ..pretrained.tokenizer import SURROGATES
 
-USER_TURN = "<|im_start|>user\n{text}<|im_end|>\n"
-ASSISTANT_START = "<|im_start|>assistant\n"
-END_OF_TURN = "<|im_end|>"
 EXIT_WORDS = ("exit", "quit")
 
 
@@ -66,22 +64,22 @@ def encode_with_notes(tokenizer, text: str, shown: set, err=None) -> list[int]:
 
 
 def chat_prompt(turns, question: str) -> str:
-    """The chat template: earlier (question, answer) turns, the new question, the assistant's cue."""
-    text = "".join(USER_TURN.format(text=q) + ASSISTANT_START + a + END_OF_TURN + "\n"
-                   for q, a in turns)
-    return text + USER_TURN.format(text=question) + ASSISTANT_START
+    """The prompt for the next answer: earlier (question, answer) turns, the new question,
+    then the assistant's cue. No system message."""
+    messages = [{"role": role, "content": text} for q, a in turns
+                for role, text in (("user", q), ("assistant", a))]
+    return apply_chat_template([*messages, {"role": "user", "content": question}])
 
 
 def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
     """Stream one answer to `out`; return (answer ids, prefill seconds, decode steps, decode seconds).
 
+    The answer ends at a stop token (stop_token_ids) or when the token budget is spent.
     Token bytes go through an incremental UTF-8 decoder, so a character split
     over several tokens (Chinese, emoji) is printed once it is complete.
     """
     out = sys.stdout if out is None else out
-    stops = {tokenizer.token_to_id(END_OF_TURN)}
-    if tokenizer.eos_id is not None:
-        stops.add(tokenizer.eos_id)
+    stops = stop_token_ids(tokenizer)
     budget = min(args.max_new_tokens, cfg.max_seq - len(prompt_ids))
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     ids = []
@@ -132,33 +130,6 @@ def report(load_seconds, n_prompt, prefill, steps, decode, params, err=None):
     print("[" + " | ".join(parts) + "]", file=err, flush=True)
 
 
-def positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def non_negative_int(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
-
-
-def gguf_path(text):
-    if not text:
-        raise argparse.ArgumentTypeError("the path is empty ('')")
-    return text
-
-
-def non_negative_float(text):
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
 def build_parser():
     parser = OneLineParser(
         prog="python -m transformer_lab.chat",
@@ -167,11 +138,11 @@ def build_parser():
                "context problem, 2 bad options, 130 interrupted.")
     parser.add_argument("question", nargs="?",
                         help="answer this one question; without it, start an interactive session")
-    parser.add_argument("--gguf", metavar="PATH", type=gguf_path,
+    parser.add_argument("--gguf", metavar="PATH", type=non_empty_path,
                         help="the GGUF model file (default: the installed model)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                         help="most tokens per answer (default 256)")
-    parser.add_argument("--temperature", type=non_negative_float, default=0.2, metavar="T",
+    parser.add_argument("--temperature", type=number_at_least(0), default=0.2, metavar="T",
                         help="sampling temperature; 0 is greedy (default 0.2)")
     parser.add_argument("--top-k", type=positive_int, default=50, metavar="K",
                         help="sample among the K most likely tokens (default 50)")
@@ -189,9 +160,10 @@ def run(args) -> int:
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if END_OF_TURN not in tokenizer.special_tokens:
-        print(f"error: {path}: the model has no {END_OF_TURN} token, so it does not use "
-              f"the chat template this command writes", file=sys.stderr)
+    try:
+        stop_token_ids(tokenizer)  # the model must use the template this command writes
+    except ValueError as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
         return 1
     load_seconds = time.perf_counter() - start
     if args.top_k > cfg.vocab:

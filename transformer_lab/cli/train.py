@@ -19,7 +19,6 @@ became non-finite, 2 bad command-line options, 130 interrupted.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import math
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import OneLineParser, int_at_least, non_negative_int, number_at_least
 from ..training.backward import loss_and_grads
 from ..training.checkpoint import atomic_write, config_to_dict, load_checkpoint, save_checkpoint
 from ..config import Config, gpt2_config, llama_config
@@ -86,41 +86,6 @@ def make_config(task, arch, d_model, layers, heads) -> Config:
 
 # ---------------------------------------------------------------- command line
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (naming the valid choices), then exit 2."""
-
-    def error(self, message):
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise SystemExit(2)
-
-
-def _int_at_least(low):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-    parse.__name__ = f"int >= {low}"
-    return parse
-
-
-def _float_range(low, *, low_open=False):
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (low_open and value == low):
-            raise argparse.ArgumentTypeError(
-                f"must be a finite number {'>' if low_open else '>='} {low:g}, got {text}")
-        return value
-    parse.__name__ = "number"
-    return parse
-
-
 def build_parser():
     p = OneLineParser(
         prog=PROG, description="Train a small transformer on a built-in task in pure NumPy.",
@@ -131,36 +96,36 @@ def build_parser():
     p.add_argument("--data", metavar="FILE",
                    help="text file for --task text (default: a fixed selection of the "
                         "Python standard library's own sources)")
-    p.add_argument("--digits", metavar="N", type=_int_at_least(1), help="addition: digits per number (default 3)")
-    p.add_argument("--seq", metavar="T", type=_int_at_least(2), help="tokens per row (induction 64, "
+    p.add_argument("--digits", metavar="N", type=int_at_least(1), help="addition: digits per number (default 3)")
+    p.add_argument("--seq", metavar="T", type=int_at_least(2), help="tokens per row (induction 64, "
                    "reverse 16, text 64; addition's is 3*digits+2)")
-    p.add_argument("--steps", metavar="N", type=_int_at_least(1), help="total steps (default: induction 200, addition 600, reverse 400, "
+    p.add_argument("--steps", metavar="N", type=int_at_least(1), help="total steps (default: induction 200, addition 600, reverse 400, "
                         "text 500)")
-    p.add_argument("--batch", metavar="B", type=_int_at_least(1), help=f"rows per step (default {DEFAULTS['batch']})")
-    p.add_argument("--lr", metavar="LR", type=_float_range(0, low_open=True),
+    p.add_argument("--batch", metavar="B", type=int_at_least(1), help=f"rows per step (default {DEFAULTS['batch']})")
+    p.add_argument("--lr", metavar="LR", type=number_at_least(0, exclusive=True),
                    help=f"peak learning rate (default {DEFAULTS['lr']:g})")
-    p.add_argument("--min-lr", metavar="LR", type=_float_range(0), help="final learning rate (default lr/10)")
-    p.add_argument("--warmup", metavar="N", type=_int_at_least(0), help="warmup steps (default steps/10)")
-    p.add_argument("--weight-decay", metavar="WD", type=_float_range(0), default=0.1,
+    p.add_argument("--min-lr", metavar="LR", type=number_at_least(0), help="final learning rate (default lr/10)")
+    p.add_argument("--warmup", metavar="N", type=int_at_least(0), help="warmup steps (default steps/10)")
+    p.add_argument("--weight-decay", metavar="WD", type=number_at_least(0), default=0.1,
                    help="AdamW weight decay on matrices (default 0.1)")
-    p.add_argument("--clip", metavar="NORM", type=_float_range(0, low_open=True), default=1.0,
+    p.add_argument("--clip", metavar="NORM", type=number_at_least(0, exclusive=True), default=1.0,
                    help="clip the gradient norm to this (default 1.0)")
     p.add_argument("--arch", choices=ARCHS, metavar="ARCH", default="llama",
                    help="llama (RMSNorm, SwiGLU, RoPE; default) or gpt2 (LayerNorm, GELU, "
                         "learned positions, tied head)")
-    p.add_argument("--d-model", metavar="D", type=_int_at_least(1), help=f"width (default {DEFAULTS['d_model']})")
-    p.add_argument("--layers", metavar="N", type=_int_at_least(1), help=f"blocks (default {DEFAULTS['layers']})")
-    p.add_argument("--heads", metavar="H", type=_int_at_least(1), help=f"attention heads (default {DEFAULTS['heads']})")
-    p.add_argument("--seed", metavar="N", type=int, default=0, help="seed for the weights and the batches (default 0)")
+    p.add_argument("--d-model", metavar="D", type=int_at_least(1), help=f"width (default {DEFAULTS['d_model']})")
+    p.add_argument("--layers", metavar="N", type=int_at_least(1), help=f"blocks (default {DEFAULTS['layers']})")
+    p.add_argument("--heads", metavar="H", type=int_at_least(1), help=f"attention heads (default {DEFAULTS['heads']})")
+    p.add_argument("--seed", metavar="N", type=non_negative_int, default=0, help="seed for the weights and the batches (default 0)")
     p.add_argument("--out", metavar="DIR", help="where the checkpoint and history go "
                    "(default runs/TASK)")
     p.add_argument("--resume", action="store_true",
                    help="continue from DIR/checkpoint.npz; --steps is the new total")
-    p.add_argument("--save-every", metavar="N", type=_int_at_least(0), default=100,
+    p.add_argument("--save-every", metavar="N", type=int_at_least(0), default=100,
                    help="also save a checkpoint every N steps (default 100; 0: only at the end)")
-    p.add_argument("--samples", metavar="N", type=_int_at_least(0), default=3,
+    p.add_argument("--samples", metavar="N", type=int_at_least(0), default=3,
                    help="prompts to complete after training (default 3)")
-    p.add_argument("--threads", metavar="N", type=_int_at_least(1),
+    p.add_argument("--threads", metavar="N", type=int_at_least(1),
                    help=f"BLAS threads (default 1 below --d-model {MANY_THREADS_FROM}, where a "
                         "second thread does not pay, else the BLAS default)")
     p.add_argument("--quick", action="store_true",
@@ -178,29 +143,29 @@ def resolve(args, parser):
     if args.steps is None:
         args.steps = DEFAULT_STEPS[args.task]
     if args.data is not None and args.task != "text":
-        parser.error(f"--data applies to --task text only, not --task {args.task}")
+        parser.usage_error(f"--data applies to --task text only, not --task {args.task}")
     if args.digits is not None and args.task != "addition":
-        parser.error(f"--digits applies to --task addition only, not --task {args.task}")
+        parser.usage_error(f"--digits applies to --task addition only, not --task {args.task}")
     if args.seq is not None and args.task == "addition":
-        parser.error("--seq does not apply to --task addition: its rows are 3*digits+2 "
-                     "tokens; use --digits")
+        parser.usage_error("--seq does not apply to --task addition: its rows are 3*digits+2 "
+                           "tokens; use --digits")
     if args.seq is not None and args.task in ("induction", "reverse") and args.seq % 2:
-        parser.error(f"--seq must be even for --task {args.task}, got {args.seq}")
+        parser.usage_error(f"--seq must be even for --task {args.task}, got {args.seq}")
     if args.seq is None and args.quick:
         args.seq = QUICK_SEQ.get(args.task)
     if args.d_model % args.heads:
-        parser.error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
+        parser.usage_error(f"--d-model {args.d_model} must be a multiple of --heads {args.heads}")
     if args.arch == "llama" and (args.d_model // args.heads) % 2:
-        parser.error(f"--arch llama (RoPE) needs an even head size; --d-model {args.d_model} / "
-                     f"--heads {args.heads} = {args.d_model // args.heads}")
+        parser.usage_error(f"--arch llama (RoPE) needs an even head size; --d-model "
+                           f"{args.d_model} / --heads {args.heads} = {args.d_model // args.heads}")
     if args.warmup is None:
         args.warmup = args.steps // 10
     if args.warmup >= args.steps:
-        parser.error(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
+        parser.usage_error(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
     if args.min_lr is None:
         args.min_lr = args.lr / 10
     if args.min_lr > args.lr:
-        parser.error(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
+        parser.usage_error(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
     args.out = Path(args.out) if args.out else Path("runs") / args.task
     return args
 
@@ -353,7 +318,9 @@ class Interrupted:
         signal.signal(signal.SIGINT, self.previous)
 
 
-def run(args, parser) -> int:
+def run(args, parser, given=frozenset()) -> int:
+    """The training run for resolved args; `given` holds the dests of the options that were
+    set on the command line (parser.given), which --resume may not or may change."""
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / CHECKPOINT
     if args.resume:
@@ -368,25 +335,25 @@ def run(args, parser) -> int:
             return 1
         task_opts = extra["task"]
         if task_opts["name"] != args.task:
-            parser.error(f"--resume: {path} was trained on --task {task_opts['name']}, "
-                         f"not --task {args.task}")
+            parser.usage_error(f"--resume: {path} was trained on --task {task_opts['name']}, "
+                               f"not --task {args.task}")
         step, history = int(extra["step"]), list(extra["history"])
         run_opts = dict(extra["options"])
         for key in FIXED_ON_RESUME:
             option = "--" + key.replace("_", "-")
-            if _given(option) and getattr(args, key) != run_opts[key]:
-                parser.error(f"--resume: {path} has {option} {run_opts[key]}; "
-                             f"{option} {getattr(args, key)} would need a new run")
+            if key in given and getattr(args, key) != run_opts[key]:
+                parser.usage_error(f"--resume: {path} has {option} {run_opts[key]}; "
+                                   f"{option} {getattr(args, key)} would need a new run")
         for key in ("steps", *CHANGEABLE_ON_RESUME):
-            if _given("--" + key.replace("_", "-")):
+            if key in given:
                 run_opts[key] = getattr(args, key)
         if run_opts["warmup"] >= run_opts["steps"] or run_opts["min_lr"] > run_opts["lr"]:
-            parser.error(f"--resume: warmup {run_opts['warmup']} must be below steps "
-                         f"{run_opts['steps']} and min-lr {run_opts['min_lr']:g} at most "
-                         f"lr {run_opts['lr']:g}")
+            parser.usage_error(f"--resume: warmup {run_opts['warmup']} must be below steps "
+                               f"{run_opts['steps']} and min-lr {run_opts['min_lr']:g} at most "
+                               f"lr {run_opts['lr']:g}")
         if step >= run_opts["steps"]:
-            parser.error(f"--resume: {path} is already at step {step} of {run_opts['steps']}; "
-                         f"give a larger --steps")
+            parser.usage_error(f"--resume: {path} is already at step {step} of "
+                               f"{run_opts['steps']}; give a larger --steps")
         rng = np.random.default_rng()
         rng.bit_generator.state = extra["rng"]
         opt = AdamW(params)
@@ -465,20 +432,12 @@ def run(args, parser) -> int:
     return 0
 
 
-_ARGV: list = []
-
-
-def _given(option) -> bool:
-    return any(a == option or a.startswith(option + "=") for a in _ARGV)
-
-
 def main(argv=None) -> int:
-    global _ARGV
-    _ARGV = list(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = resolve(parser.parse_args(_ARGV), parser)
+    args = resolve(parser.parse_args(argv), parser)
     try:
-        return run(args, parser)
+        return run(args, parser, parser.given(argv))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

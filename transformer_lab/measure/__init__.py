@@ -2,7 +2,7 @@
 bandwidth, peak memory, and the bytes a model's weights occupy.
 
 Shared by the chat CLI, the demos and the benchmarks, so that every printed
-figure is measured the same way.
+figure is measured the same way; measure/flops.py counts their FLOPs the same way.
 
 Timing on a machine that is doing other work. The functions being compared take
 turns (interleaved repeats, after a warm-up), so a change in the machine's speed
@@ -235,9 +235,10 @@ def param_bytes(params) -> int:
 
 
 def openblas_functions():
-    """(library path, function-name prefix, suffix) of the OpenBLAS this process loaded, e.g.
-    ("/…/libscipy_openblas64_-….so", "scipy_openblas", "64_"), or None: NumPy links
-    OpenBLAS under several names, and only the loaded library can be asked or told."""
+    """(library, path, function-name prefix, suffix) of the OpenBLAS this process loaded,
+    the library as a ctypes.CDLL, e.g. (CDLL(…), "/…/libscipy_openblas64_-….so",
+    "scipy_openblas", "64_"); or None. NumPy links OpenBLAS under several names, and only
+    the loaded library can be asked or told."""
     import ctypes
 
     try:

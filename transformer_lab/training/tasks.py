@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..validate import check_int
+
 TASKS = ("induction", "addition", "reverse", "text")
 
 # The default corpus for `text`: these modules of the running Python's standard
@@ -36,12 +38,6 @@ DEFAULT_TEXT_MODULES = (
     "colorsys.py", "queue.py", "sched.py", "keyword.py", "calendar.py", "difflib.py",
     "fractions.py", "statistics.py", "argparse.py",
 )
-
-
-def _int_at_least(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 @dataclass
@@ -58,7 +54,7 @@ class Task:
 
     def batch(self, batch_size, rng):
         """(tokens, targets), both int64 [batch_size, seq]; targets are -1 where ignored."""
-        batch_size = _int_at_least("batch_size", batch_size, 1)
+        batch_size = check_int(batch_size, "batch_size", low=1)
         if not isinstance(rng, np.random.Generator):
             raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
         return self._sample(batch_size, rng)
@@ -93,10 +89,10 @@ def induction_task(seq=64, vocab=64, *, all_targets=False) -> Task:
     no next token) and -1 elsewhere; with all_targets=True the first half gets
     targets too, and its loss stays at chance (log vocab) because it is random.
     """
-    seq = _int_at_least("seq", seq, 4)
+    seq = check_int(seq, "seq", low=4)
     if seq % 2:
         raise ValueError(f"induction needs an even seq (two copies of seq/2 tokens), got {seq}")
-    vocab = _int_at_least("vocab", vocab, 2)
+    vocab = check_int(vocab, "vocab", low=2)
     half = seq // 2
 
     def sample(batch_size, rng):
@@ -141,7 +137,7 @@ def addition_task(digits=3) -> Task:
     Each row is one problem of 3n + 3 characters, so seq = 3n + 2 tokens; the
     loss covers only the n + 1 answer digits (the first one is predicted from '=').
     """
-    digits = _int_at_least("digits", digits, 1)
+    digits = check_int(digits, "digits", low=1)
     if digits > 18:
         raise ValueError(f"digits must be at most 18 (sums must fit int64), got {digits}")
     alphabet = "0123456789+="
@@ -181,7 +177,7 @@ def reverse_task(seq=16) -> Task:
 
     The loss covers the reversed letters only: the input letters are random.
     """
-    seq = _int_at_least("seq", seq, 2)
+    seq = check_int(seq, "seq", low=2)
     if seq % 2:
         raise ValueError(f"reverse needs an even seq (L letters, '>', L letters, minus one), got {seq}")
     alphabet = "abcdefghijklmnopqrstuvwxyz>"
@@ -234,7 +230,7 @@ def text_task(seq=64, data=None) -> Task:
     The vocabulary is the corpus's characters, sorted. `data` is a path; None
     means default_text_files() joined with blank lines.
     """
-    seq = _int_at_least("seq", seq, 1)
+    seq = check_int(seq, "seq", low=1)
     if data is None:
         files = default_text_files()
         if not files:
