@@ -116,7 +116,7 @@ TEXT = {
         "obs_gqa": "同样是 32 层、4096 宽，Llama-3-8B（GQA 8）每 token 的缓存是 Llama-2-7B（MHA）的"
                    " 1/{r}：一条 {k} 的序列从 {a} GB 降到 {b} GB。",
         "obs_cross": "实测：{name} 的缓存在约 {s} 个 token 时超过权重（按字节 {sb}），"
-                     "此后每步时间主要花在读缓存上；{others} 在实测范围内还没有超过。",
+                     "此后每步时间主要花在读缓存上。实测范围内还没有超过的：{others}。",
         "obs_cross_none": "实测范围内没有一种设计的缓存读取超过权重读取（MHA 按字节在 {sb} 个 token）。",
         "obs_bytes": "在 {s} 个 token 的上下文里，每步要读的字节从少到多：{order}。"
                      "MLA 的吸收式解码读的缓存字节是 GQA 的 {r_gqa}、MHA 的 {r_mha}；"
@@ -126,6 +126,7 @@ TEXT = {
                     " MHA 的 {rf}×（每字节缓存 {i_mla} 个 FLOP，MHA 只有 {i_mha}）。本机上 MLA 每步 "
                     "{t_mla}，MHA {t_mha}：{verdict}",
         "v_bytes": "字节说了算。",
+        "v_tie": "两者相差不到 {tie:.0%}：少读的字节在这里被多做的 FLOPs 抵掉了。",
         "v_flops": "这里 FLOPs 说了算——两核 CPU 没有多余的算力，而加速器上的解码缺的是字节，不是 FLOPs。",
         "flop_b": "FLOP/字节",
     },
@@ -177,7 +178,7 @@ TEXT = {
                    "Llama-2-7B's (MHA) per token: one {k} sequence goes from {a} GB to {b} GB.",
         "obs_cross": "Measured: {name}'s cache overtakes its weights at about {s} tokens ({sb} "
                      "by bytes); past that, a step spends most of its time reading the cache. "
-                     "{others} do not cross within the measured range.",
+                     "Not crossed within the measured range: {others}.",
         "obs_cross_none": "Within the measured range no design's cache reads overtake its "
                           "weight reads (MHA would by bytes at {sb} tokens).",
         "obs_bytes": "At a context of {s} tokens, the bytes a step reads, fewest first: "
@@ -188,6 +189,7 @@ TEXT = {
                     "does {rf}× MHA's FLOPs ({i_mla} FLOPs per cache byte against MHA's "
                     "{i_mha}). Here MLA takes {t_mla} a step and MHA {t_mha}: {verdict}",
         "v_bytes": "the bytes decide.",
+        "v_tie": "within {tie:.0%} of each other: the bytes saved are paid back in FLOPs here.",
         "v_flops": "here the FLOPs decide: a 2-core CPU has no arithmetic to spare, while an "
                    "accelerator's decode is short of bytes, not FLOPs.",
         "flop_b": "FLOP/B",
@@ -369,6 +371,17 @@ def _ratio(x):
     return f"{x:.1f}" if x < 10 else f"{x:.0f}"
 
 
+TIE = 0.1  # MLA and MHA within 10% of each other's time: neither bytes nor FLOPs won
+
+
+def time_verdict(t_mla, t_mha):
+    """Which cost decided MLA against MHA at the longest context: "v_bytes" (MLA faster by
+    more than TIE), "v_flops" (slower by more than TIE) or "v_tie"."""
+    if abs(t_mla - t_mha) <= TIE * min(t_mla, t_mha):
+        return "v_tie"
+    return "v_bytes" if t_mla < t_mha else "v_flops"
+
+
 def intensity(d):
     """Attention FLOPs per byte of cache read, at the longest context."""
     return d["attn_flops"][-1] / (d["bytes"][-1] - d["weight_bytes"])
@@ -430,7 +443,7 @@ def observations(result, lang):
         rb=f"{mha['bytes'][-1] / mla['bytes'][-1]:.2f}",
         rf=f"{mla['attn_flops'][-1] / mha['attn_flops'][-1]:.1f}",
         i_mla=f"{intensity(mla):.1f}", i_mha=f"{intensity(mha):.1f}",
-        verdict=t["v_bytes" if mla["times"][-1] < mha["times"][-1] else "v_flops"]))
+        verdict=t[time_verdict(mla["times"][-1], mha["times"][-1])].format(tie=TIE)))
     return items
 
 

@@ -315,3 +315,13 @@ def test_a_checkpoint_keeps_the_mla_config_and_its_nested_norms(tmp_path):
     for (name, a), (other, b) in zip(tl.named_params(params), tl.named_params(got_params)):
         assert name == other
         np.testing.assert_array_equal(a, b)
+
+
+def test_speculative_decoding_over_an_mla_cache_equals_greedy():
+    # Verification feeds k + 1 tokens through the latent cache, then rolls rejected ones back.
+    from transformer_lab.speculative import NgramDraft, speculative_generate
+    cfg = mla_config(12, max_seq=64)
+    params = sharp_params(cfg)
+    prompt = np.array([[1, 2, 3, 1, 2, 3, 1, 2]])
+    out, _ = speculative_generate(params, cfg, prompt, 12, draft=NgramDraft(), greedy=True)
+    np.testing.assert_array_equal(out, tl.generate(params, cfg, prompt, 12, greedy=True))

@@ -130,12 +130,12 @@ def test_observations_quote_the_computed_numbers(quick, lang):
         assert f"{m['formula']} = {m['values_per_token']:,}" in shown
 
 
-def synthetic(quick, mla_faster):
-    """The quick result with made-up times: linear in S, MLA faster or slower than MHA."""
+def synthetic(quick, mla_slope):
+    """The quick result with made-up times: linear in S, MLA's slope as given (MHA's 4e-6)."""
     result = copy.deepcopy(quick)
     meas = result["measured"]
     for d in meas["designs"]:
-        slope = {"MHA": 4e-6, "GQA": 2e-6, "MQA": 1e-6, "MLA": 1.5e-6 if mla_faster else 9e-6}
+        slope = {"MHA": 4e-6, "GQA": 2e-6, "MQA": 1e-6, "MLA": mla_slope}
         d["times"] = [0.002 + slope[d["key"]] * S for S in meas["contexts"]]
         b, a = np.polyfit(meas["contexts"], d["times"], 1)
         d["fit"], d["cross_time"] = [a, b], a / b
@@ -143,12 +143,16 @@ def synthetic(quick, mla_faster):
 
 
 def test_the_verdict_follows_the_times(quick):
-    fast = flat(" ".join(D12.observations(synthetic(quick, True), "en")))
-    slow = flat(" ".join(D12.observations(synthetic(quick, False), "en")))
+    fast = flat(" ".join(D12.observations(synthetic(quick, 1.5e-6), "en")))
+    slow = flat(" ".join(D12.observations(synthetic(quick, 9e-6), "en")))
+    tie = flat(" ".join(D12.observations(synthetic(quick, 4.1e-6), "en")))
     assert "the bytes decide" in fast and "the FLOPs decide" not in fast
     assert "here the FLOPs decide" in slow
+    assert "within 10% of each other: the bytes saved are paid back in FLOPs here" in tie
     # MHA's slope 4e-6 against a constant of 2 ms: the cache overtakes at 500 tokens
     assert "MHA's cache overtakes its weights at about 500 tokens" in fast
+    assert "Not crossed within the measured range: MQA, MLA." not in fast
+    assert "Not crossed within the measured range: MQA and MLA." in fast
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
