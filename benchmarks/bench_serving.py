@@ -43,8 +43,9 @@ def requests(tokenizer, chat_prompt, n=N_REQUESTS):
     for i, target in enumerate(targets):
         question = QUESTIONS[i % len(QUESTIONS)]
         best = tokenizer.encode(chat_prompt([{"role": "user", "content": question}]))[:target]
-        for count in range(1, len(words)):
-            text = " ".join(words[:count]) + "\n\n" + question
+        offset = (37 * i) % (len(words) // 2)  # each prompt starts elsewhere: no shared prefix
+        for count in range(1, len(words) - offset):
+            text = " ".join(words[offset:offset + count]) + "\n\n" + question
             ids = tokenizer.encode(chat_prompt([{"role": "user", "content": text}]))
             if len(ids) > target:
                 break
@@ -89,8 +90,8 @@ def kv_waste(llm, cfg, outs):
     peak = max(llm.step_log, key=lambda r: r.blocks_in_use)
     held = peak.blocks_in_use * llm.block_size
     return dict(peak_step=peak.step, blocks=peak.blocks_in_use, slots_held=held,
-                tokens_used=peak.tokens_in_cache,
-                waste_pct=100 * (1 - peak.tokens_in_cache / held) if held else 0.0)
+                tokens_used=peak.slots_used,
+                waste_pct=100 * (1 - peak.slots_used / held) if held else 0.0)
 
 
 def decode_steps(LLM, SamplingParams, cfg, params, prompts, batch, steps=12):
@@ -234,6 +235,7 @@ def print_serving(out, r):
         ["contiguous max_seq reservation would hold",
          f"{kv['contiguous_max_seq_slots']} slots: "
          f"{100 * (1 - kv['tokens_used'] / kv['contiguous_max_seq_slots']):.1f} % waste"],
+        ["prefix hits (prompts share no prefix)", f"{r['stats']['prefix_hit_tokens']} tokens"],
         ["batch_invariant cost", f"{r['invariant_cost']:.2f}x the mixed engine's time"],
         ["median TTFT / TPOT (mixed)",
          f"{r['ttft_median_s']:.2f} s / {r['tpot_median_s'] * 1e3:.0f} ms"],

@@ -51,14 +51,15 @@ def norm(x, p, cfg: Config):
 # How x [M, in] @ w [in, out] is computed, by the number of rows M: the one place this
 # is decided. OpenBLAS's GEMM packs the weight into its buffers on every call, which
 # costs more than the arithmetic when M is small, while a GEMV streams the weight
-# once per row without packing. Measured on SmolLM2's 30 layers (their four products,
-# float32, 2 threads, OpenBLAS 0.3.31 Haswell), ms: M=1 15.4; stacked GEMM M=2 36.5,
-# M=4 37.5, M=8 28.8, M=16 39.8; one GEMV per row M=2 20.9, M=4 29.6. So M = 2..4 takes a
+# once per row without packing. Measured for issue 17 on SmolLM2's 30 layers (float32,
+# 2 threads, scipy-openblas 0.3.31), ms: M=1 15.4; stacked GEMM M=2 36.5, M=4 37.5,
+# M=8 28.8, M=16 39.8; one GEMV per row M=2 20.9, M=4 29.6. So M = 2..4 takes a
 # GEMV per row, M = 5..7 is zero-padded to one GEMM of 8 rows, and the rest is one GEMM.
 # `python -m benchmarks --only serving` re-measures every form side by side
 # (benchmarks/bench_serving.py, small_m_table; the README has the table).
 # A row's GEMV result equals the M = 1 product's, so small decode batches give the
-# same bits as one sequence alone; GEMM rows agree with each other whatever M >= 2 is.
+# same bits as one sequence alone. (On this OpenBLAS a GEMM row also comes out the same
+# for any M >= 2, but no BLAS promises that: batch invariance uses fixed shapes below.)
 _GEMV_ROWS = range(2, 5)
 _PAD_ROWS = range(5, 8)
 _PAD_TO = 8

@@ -118,6 +118,7 @@ class StepRecord:
     seconds: float  # wall time of the forward and the sampling
     blocks_in_use: int  # after the step
     tokens_in_cache: int  # K/V positions the running sequences hold, after the step
+    slots_used: int  # filled slots of the blocks in use (a shared block counted once)
     gathered_bytes: int  # K/V the attention copied out of the pool
 
 
@@ -360,8 +361,17 @@ class LLM:
             decode_tokens=decode, seconds=time.perf_counter() - start,
             blocks_in_use=self.block_manager.blocks_in_use,
             tokens_in_cache=sum(s.num_computed_tokens for s in self.scheduler.running),
+            slots_used=self._slots_used(),
             gathered_bytes=self.runner.last_gathered_bytes))
         return finished
+
+    def _slots_used(self) -> int:
+        filled = {}
+        for seq in self.scheduler.running:
+            for j, block_id in enumerate(seq.block_table):
+                n = min(self.block_size, max(0, seq.num_computed_tokens - j * self.block_size))
+                filled[block_id] = max(filled.get(block_id, 0), n)
+        return sum(filled.values())
 
     def _sample(self, seq, logits) -> int:
         if not np.isfinite(logits).all():
