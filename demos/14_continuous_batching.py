@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import fmt_float, fmt_time, print_observations, print_section, print_table, print_text
-from transformer_lab import init_params, llama_config
+from console import fmt_float, fmt_num, fmt_time, print_observations, print_section, print_table, print_text
+from transformer_lab import init_params, llama_config, named_params
 from transformer_lab.generation import generate_stream
 from transformer_lab.measure import blas_threads
 from transformer_lab.serve import LLM, SamplingParams
@@ -79,7 +79,7 @@ TEXT = {
         "obs_sweep": "吞吐随 max_num_seqs 上升：1 时 {t1} tok/s，本次最高是 {bpeak} 时的 {tpeak} "
                      "tok/s（{g} 倍）。",
         "obs_step": "原因在每一步的成本：B={B} 的一步实测 {sB}，只是 B=1 一步（{s1}）的 {r} "
-                    "倍，而不是 {B} 倍；一步要把全部权重读一遍、还有固定的调度开销，这些由批"
+                    "倍，而不是 {B} 倍；一步要把全部权重（{wb}B）读一遍、还有固定的调度开销，这些由批"
                     "里所有序列分摊，所以每 token 的成本从 {p1} 降到 {pB}。",
         "obs_step_linear": "这次测得 B={B} 的一步 {sB}，是 B=1 一步（{s1}）的 {r} 倍，没有明显"
                            "低于 {B} 倍：机器太忙，步长测不准，无法据此解释吞吐的提升。",
@@ -137,7 +137,8 @@ TEXT = {
         "obs_sweep": "Throughput rises with max_num_seqs: {t1} tok/s at 1, the most this run "
                      "{tpeak} tok/s at {bpeak} ({g}×).",
         "obs_step": "The reason is the cost of a step: a step of B={B} measured {sB}, only {r}× "
-                    "a step of one ({s1}), not {B}×; a step reads every weight once and pays a "
+                    "a step of one ({s1}), not {B}×; a step reads every weight once ({wb}B) and "
+                    "pays a "
                     "fixed scheduling overhead whatever B, shared by the whole batch, so a token "
                     "costs {pB} instead of {p1}.",
         "obs_step_linear": "This run measured a step of B={B} at {sB}, {r}× a step of one "
@@ -346,6 +347,7 @@ def compute(quick=False):
         "sweep": rows, "steps": steps, "step_decodes": k, "step_context": STEP_PROMPT,
         # The memory-bound reading holds when a step of B costs well under B steps of one.
         "step_sublinear": top["ratio"] < top["B"] / 2,
+        "weight_bytes": int(sum(w.nbytes for _, w in named_params(params))),
         "invariance": inv, "invariant_rows": INVARIANT_ROWS,
     }
 
@@ -416,7 +418,8 @@ def render(result, lang="zh"):
     step_key = "obs_step" if result["step_sublinear"] else "obs_step_linear"
     obs.append(t[step_key].format(B=top["B"], sB=fmt_time(top["seconds"]),
                                   s1=fmt_time(first["seconds"]), r=_x(top["ratio"]),
-                                  p1=fmt_time(first["per_token"]), pB=fmt_time(top["per_token"])))
+                                  p1=fmt_time(first["per_token"]), pB=fmt_time(top["per_token"]),
+                                  wb=fmt_num(result["weight_bytes"])))
     obs += [
         t[inv_key].format(n=off["runs"], bits=off["bit_diff"], md=fmt_float(off["max_logit_diff"]),
                           toks=off["token_diff"], mg=fmt_float(off["min_margin"]),

@@ -137,6 +137,12 @@ def test_observations_quote_the_computed_numbers(quick):
     assert ("the TTFT p50 falls from" in text) == quick["ttft_better"]
     assert ("The price is in TPOT" in text) == quick["tpot_worse"]
     assert ("not clearly below" in text) != quick["step_sublinear"]
+    from console import fmt_num
+    from transformer_lab import named_params
+    _, params = D14.model()
+    assert quick["weight_bytes"] == sum(w.nbytes for _, w in named_params(params))
+    if quick["step_sublinear"]:
+        assert f"reads every weight once ({fmt_num(quick['weight_bytes'])}B)" in text
     zh = flat(rendered_text(D14, quick, "zh"))
     assert f"{quick['speedup']:.2f} 倍" in zh
 
