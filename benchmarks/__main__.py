@@ -35,7 +35,8 @@ def build_parser():
                              "latest.json, or quick.json with --quick)")
     parser.add_argument("--no-json", action="store_true", help="do not write a JSON file")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
-                        help=f"run only these sections ({', '.join(SECTIONS)})")
+                        help=f"run only these sections ({', '.join(SECTIONS)}; without --only: "
+                             f"{', '.join(DEFAULT_SECTIONS)})")
     parser.add_argument("--no-torch", action="store_true",
                         help="skip the PyTorch comparison even when PyTorch is installed")
     return parser

@@ -15,13 +15,15 @@ from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
 from .bench_online import print_online, run_online
 from .bench_serving import print_serving, run_serving
+from .bench_speculative import print_speculative, run_speculative, speculative_targets
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-# "serving" and "online" need the real model (SmolLM2) and minutes (online: most of an hour
-# on a loaded 2-core machine): they run only when asked for (--only).
-SECTIONS = ("attention", "forward", "decode", "train", "serving", "online")
+SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative")
+# What a run without --only covers: serving, online and speculative need the real model
+# (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), so they
+# run when named (python -m benchmarks --only serving).
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -50,13 +52,16 @@ class Profile:
     train_T: int = 128
     train_repeats: int = 5
     train_model: dict = field(default_factory=dict)  # overrides fields of the training config
+    spec_new_tokens: int = 64  # speculative: new tokens per greedy run
+    spec_prompts_per_kind: int = 2
 
 
 FULL = Profile("full")
 QUICK = Profile("quick", attn_sizes=(128, 512), attn_repeats=5, einsum_max_T=128,
                 peak_repeats=5, forward_B=1, forward_T=256, forward_repeats=3,
                 decode_contexts=(128, 256, 512), decode_repeats_cached=10,
-                decode_repeats_recompute=2, train_repeats=2)
+                decode_repeats_recompute=2, train_repeats=2, spec_new_tokens=24,
+                spec_prompts_per_kind=1)
 
 # Targets: attention_core >= 0.8x the batched-matmul formulation at every size and >= 30 %
 # of the matmul peak at T = 2048; forward within 1.3x of PyTorch; cached decode at most
@@ -104,6 +109,8 @@ def evaluate_targets(results):
              TRAIN_TORCH_RATIO_MAX)):
         if results.get(section):
             targets.append(_vs_torch_target(name, results[section], limit))
+    if results.get("speculative"):
+        targets += speculative_targets(results["speculative"])
     dec = results.get("decode")
     if dec:
         lin = dec.get("linearity")
@@ -208,6 +215,12 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
         results["online"] = run_online(quick=profile.name == "quick")
         results["load"]["after_online"] = load_average()
         print_online(out, results["online"])
+
+    if "speculative" in sections:
+        results["speculative"] = run_speculative(profile.spec_new_tokens,
+                                                 profile.spec_prompts_per_kind)
+        results["load"]["after_speculative"] = load_average()
+        print_speculative(out, results["speculative"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

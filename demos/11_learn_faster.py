@@ -159,17 +159,18 @@ def sgd_step(params, grads, lr):
         p -= float(lr) * g
 
 
-def train_once(setup, cfg, task, sizes, seed, eval_batch):
-    """STEPS steps from seed's weights and data; the loss on the evaluation batch afterwards."""
+def train_once(setup, cfg, task, sizes, seed, eval_batch, steps=STEPS):
+    """`steps` steps (STEPS unless told) from seed's weights and data; the loss on the
+    evaluation batch afterwards. Demo 13 trains its attention designs with it too."""
     params = init_params(cfg, seed)
     rng = np.random.default_rng(seed)
     opt = None
     if setup["opt"] == "adamw":
         opt = AdamW(params, lr=setup["lr"], betas=BETAS, weight_decay=WEIGHT_DECAY)
-    for step in range(STEPS):
+    for step in range(steps):
         lr = setup["lr"]
         if setup["schedule"]:
-            lr = cosine_lr(step, max_lr=lr, warmup=WARMUP, total=STEPS,
+            lr = cosine_lr(step, max_lr=lr, warmup=WARMUP, total=steps,
                            min_lr=MIN_SHARE * lr)
         tokens, targets = task.batch(sizes["batch"], rng)
         _, grads = loss_and_grads(params, cfg, tokens, targets)

@@ -9,6 +9,7 @@ from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .pretrained.gguf import find_model, load_gguf
 from .generation import generate, generate_stream, sample_next
 from .model import check_tokens, forward, loss
+from .mla import mla_attention, mla_attention_absorbed, mla_attention_naive
 from .params import (PackedGroup, check_params, init_params, map_params, named_params,
                      pack_weights, param_shapes)
 from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backward, gelu_tanh,
@@ -28,6 +29,7 @@ __all__ = [
     "forward", "loss", "ActivationRecord",
     "generate", "generate_stream", "sample_next", "KVCache", "loss_and_grads",
     "attention_core", "attention_reference", "attention_weights", "causal_mask",
+    "mla_attention", "mla_attention_naive", "mla_attention_absorbed",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
     "sinusoidal_pe", "rope_angles", "apply_rope", "cross_entropy",
     "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",

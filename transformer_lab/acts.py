@@ -17,9 +17,18 @@ MODEL_FIELDS = {
 LAYER_FIELDS = {
     "resid_pre": "[B, T, d] the stream entering the block",
     "attn_in": "[B, T, d] norm(resid_pre), what the projections read",
-    "attn.q": "[B, T, H, D] queries after biases and RoPE",
-    "attn.k": "[B, S, G, D] keys after RoPE, cached positions included",
-    "attn.v": "[B, S, G, D] values, cached positions included",
+    "attn.q": "[B, T, H, D] queries after biases and RoPE (MLA: D = nope + rope, RoPE on the rope part)",
+    "attn.k": "[B, S, G, D] keys after RoPE, cached positions included (MLA: [B, S, H, D], "
+              "up-projected from the latent, only when the naive form ran)",
+    "attn.v": "[B, S, G, D] values, cached positions included (MLA: [B, S, H, v_head_dim], "
+              "naive form only)",
+    "attn.q_a": "[B, T, q_lora_rank] MLA's x @ wq_a, before q_norm (with q_lora_rank)",
+    "attn.c_q": "[B, T, q_lora_rank] MLA's query latent q_norm(attn.q_a), what wq_b reads",
+    "attn.kv_a": "[B, T, kv_lora_rank] MLA's latent x @ wkv_a[:, :kv_lora_rank], before kv_norm",
+    "attn.c_kv": "[B, S, kv_lora_rank] MLA's cached latent kv_norm(attn.kv_a), cached positions "
+                 "included",
+    "attn.k_rope": "[B, S, qk_rope_head_dim] MLA's RoPE key shared by every head, rotated, cached "
+                   "positions included",
     "attn.out": "[B, T, H*D] the heads merged, before wo",
     "attn.pattern": "[B, H, T, S] softmax weights, only with patterns=True",
     "resid_mid": "[B, T, d] the stream after attention",
@@ -29,6 +38,9 @@ LAYER_FIELDS = {
     "mlp.hidden": "[B, T, d_ff] what w_down reads",
     "resid_post": "[B, T, d] the stream leaving the block",
 }
+
+# Recorded only by MLA layers (attention="mla"); attn.q_a and attn.c_q only with q_lora_rank.
+MLA_FIELDS = ("attn.q_a", "attn.c_q", "attn.kv_a", "attn.c_kv", "attn.k_rope")
 
 
 def layer_name(layer: int, field: str) -> str:
@@ -73,7 +85,10 @@ class ActivationRecord(dict):
     def __missing__(self, name):
         check_name(name)
         raise KeyError(f"{name!r} was not recorded by this forward pass (attn.pattern needs "
-                       f"patterns=True; mlp_in and mlp.* need an MLP; mlp.gate needs SwiGLU)")
+                       f"patterns=True; mlp_in and mlp.* need an MLP; mlp.gate needs SwiGLU; "
+                       f"attn.q_a, .c_q, .kv_a, .c_kv and .k_rope need attention='mla', the "
+                       f"first two with q_lora_rank, and MLA records attn.k and .v only "
+                       f"when it ran the naive form)")
 
     def layer(self, layer: int, field: str):
         """The record of `field` in block `layer`: acts.layer(2, "attn.q")."""

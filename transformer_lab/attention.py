@@ -9,11 +9,11 @@ sit at different positions: row b's query i is then at position offset[b] + i.
 from __future__ import annotations
 
 import math
-import operator
 
 import numpy as np
 
 from .ops import softmax
+from .validate import check_int
 
 
 def causal_mask(T, S, offset=0):
@@ -42,12 +42,9 @@ def _check_offset(offset):
         if offset.size and (offset == offset[0]).all():
             return int(offset[0])
         return offset.astype(np.int64)
-    try:
-        return operator.index(offset)  # int or NumPy integer; a float raises
-    except TypeError:
-        raise ValueError(f"attention_core: offset must be an integer (the number of tokens "
-                         f"before the first query) or a 1-D int array of one per row, "
-                         f"got {offset!r}") from None
+    return check_int(offset, "attention_core: offset",  # a bool is not a count either
+                     what="an integer (the number of tokens before the first query) or a 1-D "
+                          "int array of one per row")
 
 
 def _check_shapes(q, k, v, offset, causal):
@@ -57,8 +54,10 @@ def _check_shapes(q, k, v, offset, causal):
             f"q {q.shape}, k {k.shape}" + ("" if v is None else f", v {v.shape}"))
     B, T, H, D = q.shape
     Bk, S, G, Dk = k.shape
-    if v is not None and k.shape != v.shape:
-        raise ValueError(f"attention_core: k {k.shape} and v {v.shape} must have the same shape")
+    if v is not None and k.shape[:3] != v.shape[:3]:
+        # V's head size may differ from K's (MLA's v_head_dim); B, S and G may not.
+        raise ValueError(f"attention_core: k {k.shape} and v {v.shape} must have the same shape "
+                         f"but for the last (V's head size)")
     if Bk != B:
         raise ValueError(f"attention_core: batch mismatch, q has B={B}, k/v have B={Bk}")
     if Dk != D:
@@ -115,8 +114,8 @@ def attention_reference(q, k, v, offset=0, *, causal=True, scale=None):
     B, T, H, D = q.shape
     G = k.shape[2]
     weights = _reference_weights(q, k, offset, causal, scale)  # [B, G, R, T, S]
-    out = np.einsum("bgrts,bsgd->btgrd", weights, v, optimize=True)  # [B, T, G, R, D]
-    return out.reshape(B, T, H * D)  # head h = g*R + r: the same order as q's heads
+    out = np.einsum("bgrts,bsgd->btgrd", weights, v, optimize=True)  # [B, T, G, R, Dv]
+    return out.reshape(B, T, H * v.shape[-1])  # head h = g*R + r: the same order as q's heads
 
 
 # Causal blocks of query positions. Aim for ~2 MiB of float32 scores per block
@@ -131,7 +130,8 @@ _MAX_BLOCKS = 16
 def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     """softmax(q k^T * scale + mask) v, with the heads merged: returns [B, T, H*D].
 
-    q is [B, T, H, D]; k and v are [B, S, G, D], H a multiple of G. Query head h
+    q is [B, T, H, D]; k and v are [B, S, G, D], H a multiple of G (v may have its own
+    head size Dv, as MLA's does; the output is then [B, T, H*Dv]). Query head h
     reads K/V group h // (H // G). The R = H // G query heads of a group are
     stacked as extra query rows, so each group is one matmul against its own K
     and no K/V is ever copied per query head.
@@ -151,7 +151,7 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     offset = _check_offset(offset)
     _check_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
-    S, G = k.shape[1], k.shape[2]
+    S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
     R = H // G
     # The scale keeps the scores' spread near 1 whatever D is, so softmax does not
     # saturate; a Python float so that float32 inputs stay float32.
@@ -163,7 +163,7 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     qg = qg.reshape(B, G, T * R, D)
     kt = k.transpose(0, 2, 3, 1)  # [B, G, D, S], a view
     vg = v.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
-    out = np.empty((B, T, G, R, D), dtype=np.result_type(qg.dtype, k.dtype, v.dtype))
+    out = np.empty((B, T, G, R, Dv), dtype=np.result_type(qg.dtype, k.dtype, v.dtype))
 
     per_row = isinstance(offset, np.ndarray)
     furthest = int(offset.max()) if per_row else offset
@@ -190,11 +190,11 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
         scores -= scores.max(axis=-1, keepdims=True)
         np.exp(scores, out=scores)  # unnormalised weights, in place
         total = scores.sum(axis=-1, keepdims=True)
-        o = scores @ vg[:, :, :end]  # [B, G, rows*R, D]
+        o = scores @ vg[:, :, :end]  # [B, G, rows*R, Dv]
         o /= total
-        # Head h = g*R + r, so [B, T, G, R, D] flattens to head 0's D values first.
-        out[:, t0:t1] = o.reshape(B, G, rows, R, D).transpose(0, 2, 1, 3, 4)
-    return out.reshape(B, T, H * D)  # [B, T, H*D]
+        # Head h = g*R + r, so [B, T, G, R, Dv] flattens to head 0's Dv values first.
+        out[:, t0:t1] = o.reshape(B, G, rows, R, Dv).transpose(0, 2, 1, 3, 4)
+    return out.reshape(B, T, H * Dv)  # [B, T, H*Dv]
 
 
 def attention_weights(q, k, offset=0, *, causal=True, scale=None):
@@ -208,7 +208,8 @@ def attention_weights(q, k, offset=0, *, causal=True, scale=None):
 
 def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None):
     """(dq, dk, dv) of attention_core(q, k, v, offset, causal=causal, scale=scale) for the
-    output gradient dout [B, T, H*D]; shaped as q [B, T, H, D] and k, v [B, S, G, D].
+    output gradient dout [B, T, H*Dv]; shaped as q [B, T, H, D], k [B, S, G, D] and
+    v [B, S, G, Dv] (Dv = D except for MLA).
 
     The softmax weights are recomputed from q and k rather than stored (as
     FlashAttention does). Every step is one batched matmul per K/V group, with
@@ -223,18 +224,19 @@ def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None)
     offset = int(offset)
     _check_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
-    S, G = k.shape[1], k.shape[2]
+    S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
     R = H // G
-    if dout.shape != (B, T, H * D):
-        raise ValueError(f"attention_core_backward: dout must be [B, T, H*D] = {(B, T, H * D)}, "
-                         f"got {dout.shape}")
+    if dout.shape != (B, T, H * Dv):
+        raise ValueError(f"attention_core_backward: dout must be [B, T, H*D] = "
+                         f"{(B, T, H * Dv)} (D of v), got {dout.shape}")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
 
     def grouped(a):  # [B, T, H, D] -> [B, G, T*R, D], row t*R + r as in attention_core
-        return a.reshape(B, T, G, R, D).transpose(0, 2, 1, 3, 4).reshape(B, G, T * R, D)
+        width = a.shape[-1]
+        return a.reshape(B, T, G, R, width).transpose(0, 2, 1, 3, 4).reshape(B, G, T * R, width)
 
     qg = grouped(q) * scale  # [B, G, T*R, D]
-    do = grouped(dout.reshape(B, T, H, D))  # [B, G, T*R, D]
+    do = grouped(dout.reshape(B, T, H, Dv))  # [B, G, T*R, Dv]
     kg = k.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
     vg = v.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
 
@@ -255,4 +257,4 @@ def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None)
 
     dq = dq.reshape(B, G, T, R, D).transpose(0, 2, 1, 3, 4).reshape(B, T, H, D)  # [B, T, H, D]
     return dq, np.ascontiguousarray(dk.transpose(0, 2, 1, 3)), \
-        np.ascontiguousarray(dv.transpose(0, 2, 1, 3))  # [B, S, G, D] each
+        np.ascontiguousarray(dv.transpose(0, 2, 1, 3))  # [B, S, G, D], [B, S, G, Dv]

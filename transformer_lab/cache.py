@@ -12,12 +12,18 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention_core
+from .validate import check_int
 
 
 def _count(value, name, low=0):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"KVCache: {name} must be an int >= {low}, got {value!r}")
-    return int(value)
+    return check_int(value, f"KVCache: {name}", low=low)
+
+
+def _cache_layout(cfg):
+    """What a cache made for cfg holds per token and layer; a config must match it."""
+    if cfg.attention == "mla":
+        return (cfg.n_layers, "mla", cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.dtype)
+    return (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype)
 
 
 class KVCache:
@@ -26,19 +32,38 @@ class KVCache:
     k[l] and v[l] are [B, max_len, G, D] in the model's dtype. Row b holds
     positions 0 .. lengths[b] - 1; what lies beyond is stale and never read,
     because attention masks every key past a query's own position.
+
+    For an MLA config (attention="mla") it holds only what MLA caches: per layer
+    latent[l] [B, max_len, kv_lora_rank + rope], whose views c_kv[l] [.., :kv_lora_rank]
+    and k_rope[l] [.., kv_lora_rank:] are the normed latent and the rotated RoPE key;
+    k and v are None. attend() then runs MLA by mla_path: "auto" (absorbed when it
+    costs fewer FLOPs, as for decode; naive for a prefill), "naive" or "absorbed".
     """
 
-    def __init__(self, cfg, batch, max_len=None):
+    def __init__(self, cfg, batch, max_len=None, *, mla_path="auto"):
         max_len = cfg.max_seq if max_len is None else max_len
         for name, value in (("batch", batch), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"KVCache: {name} must be a positive int, got {value!r}")
+            check_int(value, f"KVCache: {name}", low=1, what="a positive int")
         if max_len > cfg.max_seq:
             raise ValueError(
                 f"KVCache: max_len={max_len} exceeds the model's max_seq={cfg.max_seq}")
         self.batch, self.max_len = int(batch), int(max_len)
         self._lengths = np.zeros(self.batch, dtype=np.int64)  # [B], positions held per row
-        self._layout = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype)
+        self._layout = _cache_layout(cfg)
+        self.mla = cfg.attention == "mla"
+        if self.mla:
+            from .mla import PATHS
+            if mla_path not in PATHS:
+                raise ValueError(f"KVCache: mla_path must be one of {', '.join(PATHS)}; "
+                                 f"got {mla_path!r}")
+            self.mla_path = mla_path
+            c = cfg.kv_lora_rank
+            shape = (self.batch, self.max_len, c + cfg.qk_rope_head_dim)
+            self.latent = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+            self.c_kv = [a[..., :c] for a in self.latent]  # views: [B, max_len, c]
+            self.k_rope = [a[..., c:] for a in self.latent]  # views: [B, max_len, rope]
+            self.k = self.v = None
+            return
         shape = (self.batch, self.max_len, cfg.n_kv_heads, cfg.head_dim)
         self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
         self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
@@ -92,8 +117,9 @@ class KVCache:
         """Raise ValueError unless `new` tokens for `batch` rows of this config fit."""
         if batch != self.batch:
             raise ValueError(f"cache was made for batch {self.batch}, tokens have batch {batch}")
-        if self._layout != (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype):
-            raise ValueError("cache does not match this config (layers, K/V heads, head_dim or dtype)")
+        if self._layout != _cache_layout(cfg):
+            raise ValueError("cache does not match this config (layers, K/V heads, head_dim, "
+                             "MLA's latent or dtype)")
         longest = int(self._lengths.max())
         if longest + new > self.max_len:
             raise ValueError(f"cache is full: {longest} cached + {new} new tokens exceed its "
@@ -106,24 +132,35 @@ class KVCache:
             return np.arange(offset, offset + new)  # [T]
         return offset[:, None] + np.arange(new)  # [B, T]
 
-    def attend(self, layer, q, k, v, *, causal=True):
+    def attend(self, layer, q, k, v, *, causal=True, wkv_b=None):
         """Store the new K/V [B, T, G, D] of `layer` after each row's positions, and attend
         the queries q [B, T, H, D] over everything the rows hold. Returns (out [B, T, H*D],
         keys, values [B, S, G, D], offset): S covers the longest row, and offset (an int,
-        or [B]) is where each row's queries start, as attention_core takes it."""
+        or [B]) is where each row's queries start, as attention_core takes it.
+
+        An MLA cache takes k = c_kv [B, T, c] and v = k_rope [B, T, rope] and the layer's
+        wkv_b, and returns (out [B, T, H*v], every c_kv, every k_rope, offset)."""
         T = k.shape[1]
         offset = self._offset()
+        keys_at, values_at = (self.c_kv, self.k_rope) if self.mla else (self.k, self.v)
         if isinstance(offset, int):
             end = offset + T
-            self.k[layer][:, offset:end] = k
-            self.v[layer][:, offset:end] = v
+            keys_at[layer][:, offset:end] = k
+            values_at[layer][:, offset:end] = v
         else:
             rows = np.arange(self.batch)[:, None]  # [B, 1]
             at = offset[:, None] + np.arange(T)  # [B, T]
-            self.k[layer][rows, at] = k
-            self.v[layer][rows, at] = v
+            keys_at[layer][rows, at] = k
+            values_at[layer][rows, at] = v
             end = int(offset.max()) + T
-        keys, values = self.k[layer][:, :end], self.v[layer][:, :end]  # [B, S, G, D], views
+        keys, values = keys_at[layer][:, :end], values_at[layer][:, :end]  # views
+        if self.mla:
+            from .mla import mla_attention
+            if wkv_b is None:
+                raise ValueError("KVCache.attend: an MLA cache needs the layer's wkv_b")
+            out = mla_attention(q, keys, values, wkv_b, offset, causal=causal,
+                                path=self.mla_path, latent=self.latent[layer][:, :end])
+            return out, keys, values, offset
         return attention_core(q, keys, values, offset, causal=causal), keys, values, offset
 
     def advance(self, new):
@@ -134,15 +171,21 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
+        if self.mla:
+            return sum(a.nbytes for a in self.latent)
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     def bytes_per_token(self) -> int:
-        """2 (K and V) * layers * G * D * itemsize, per sequence in the batch."""
+        """2 (K and V) * layers * G * D * itemsize, per sequence in the batch; for MLA
+        layers * (kv_lora_rank + qk_rope_head_dim) * itemsize: the latent and the RoPE key."""
+        if self.mla:
+            return len(self.latent) * self.latent[0].shape[-1] * self.latent[0].itemsize
         _, _, G, D = self.k[0].shape
         return 2 * len(self.k) * G * D * self.k[0].itemsize
 
     def __repr__(self):
         held = self._offset()
         held = held if isinstance(held, int) else held.tolist()
-        return (f"KVCache(layers={len(self.k)}, batch={self.batch}, "
+        layers = len(self.latent if self.mla else self.k)
+        return (f"KVCache({'MLA, ' if self.mla else ''}layers={layers}, batch={self.batch}, "
                 f"length={held}/{self.max_len}, {self.nbytes / 2**20:.2f} MiB)")

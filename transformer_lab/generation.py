@@ -15,6 +15,7 @@ from .config import Config
 from .model import _forward_unchecked, check_tokens
 from .ops import softmax
 from .params import check_params
+from .validate import check_int
 
 
 def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
@@ -27,34 +28,32 @@ def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
     if isinstance(temperature, boolean) or not isinstance(temperature, number) \
             or not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, boolean) or not isinstance(top_k, (int, np.integer))
-                              or not 1 <= top_k <= vocab):
-        raise ValueError(f"top_k must be None or an int in [1, {vocab}], got {top_k!r}")
-    generator = (np.random.Generator, np.random.SeedSequence)
-    if seed is not None and not isinstance(seed, generator) and (
-            isinstance(seed, boolean) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ValueError(f"seed must be None or an int >= 0, got {seed!r}")
-
-
-def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
-    """Pick the next token per row of logits [B, vocab]: argmax, or a sample.
-
-    A sampled token always has probability > 0, however the uniform draw falls.
-    """
-    logits = np.asarray(logits)
-    if logits.ndim != 2 or logits.shape[-1] == 0:
-        raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
-    _check_sampling(greedy, temperature, top_k, logits.shape[-1])
-    if greedy or temperature == 0:
-        return np.argmax(logits, axis=-1)
-    logits = logits.astype(np.float64) / float(temperature)
     if top_k is not None:
-        kth = np.sort(logits, axis=-1)[:, -top_k][:, None]  # the k-th largest per row
+        check_int(top_k, "top_k", low=1, high=vocab, what=f"None or an int in [1, {vocab}]")
+    generator = (np.random.Generator, np.random.SeedSequence)
+    if seed is not None and not isinstance(seed, generator):
+        check_int(seed, "seed", low=0, what="None or an int >= 0")
+
+
+def next_token_probs(logits, *, temperature=1.0, top_k=None):
+    """The distribution sample_next draws from, per row of logits [B, vocab]: softmax of
+    logits / temperature over the top_k largest (the rest get probability 0), in float64.
+
+    The one definition of how temperature and top-k shape a distribution: speculative
+    decoding shapes the target's and the draft's with it too. temperature > 0 here;
+    temperature 0 (or greedy) means argmax, which has no distribution to shape.
+    """
+    logits = np.asarray(logits).astype(np.float64) / float(temperature)
+    if top_k is not None:
+        kth = np.sort(logits, axis=-1)[..., -top_k][..., None]  # the k-th largest per row
         logits = np.where(logits < kth, -np.inf, logits)
-    p = softmax(logits, axis=-1)
-    rng = np.random.default_rng() if rng is None else rng
-    # One uniform draw per row, inverted through the cumulative distribution: the
-    # token is the first whose running total exceeds u * total. `<=` skips tokens of
+    return softmax(logits, axis=-1)
+
+
+def draw(p, rng):
+    """One token per row of probabilities p [B, vocab], by inverting the cumulative
+    distribution at one uniform draw per row; a drawn token always has probability > 0."""
+    # The token is the first whose running total exceeds u * total. `<=` skips tokens of
     # probability 0 (their running total does not grow) even when u is exactly 0.
     cumulative = np.cumsum(p, axis=-1)  # [B, V]
     if not (cumulative[:, -1] > 0).all():
@@ -68,6 +67,22 @@ def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
     # cap at that token.
     last_possible = p.shape[-1] - 1 - np.argmax(p[:, ::-1] > 0, axis=-1)
     return np.minimum(picked, last_possible)
+
+
+def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
+    """Pick the next token per row of logits [B, vocab]: argmax, or a sample from
+    next_token_probs (temperature, then top-k).
+
+    A sampled token always has probability > 0, however the uniform draw falls.
+    """
+    logits = np.asarray(logits)
+    if logits.ndim != 2 or logits.shape[-1] == 0:
+        raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
+    _check_sampling(greedy, temperature, top_k, logits.shape[-1])
+    if greedy or temperature == 0:
+        return np.argmax(logits, axis=-1)
+    p = next_token_probs(logits, temperature=temperature, top_k=top_k)
+    return draw(p, np.random.default_rng() if rng is None else rng)
 
 
 def _finite(logits, step):
@@ -111,9 +126,7 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
     """
     prompt, lengths = _prompts(prompt, cfg)
     B, T = prompt.shape
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-            or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_int(max_new_tokens, "max_new_tokens", low=0)
     longest = T if lengths is None else int(lengths.max())
     if longest + max_new_tokens > cfg.max_seq:
         raise ValueError(

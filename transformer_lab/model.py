@@ -142,6 +142,10 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     With a record `acts` (see forward), q, k, v and the merged heads are kept
     under blocks[layer].attn.*, and the weights too when patterns are asked for.
     """
+    if cfg.attention == "mla":  # DeepSeek's latent attention: its own projections and cache
+        from .mla import mla_attention_block
+        return mla_attention_block(x, a, cfg, rope=rope, causal=causal, cache=cache, layer=layer,
+                                   acts=acts)
     B, T, _ = x.shape
     H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q, k, v = _projections(x, a, "wqkv", ("bq", "bk", "bv"), cfg)
@@ -262,7 +266,7 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
         cache.check(cfg, tokens.shape[0], T)
 
     use_rope = (cfg.pos == "rope") if use_rope is None else bool(use_rope)
-    rope = rope_angles(positions, cfg.head_dim, cfg.rope_base) if use_rope else None
+    rope = rope_angles(positions, cfg.rope_dim, cfg.rope_base) if use_rope else None
 
     x = embed(params, cfg, tokens, positions)  # [B, T, d]
     if acts is not None:

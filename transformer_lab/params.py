@@ -32,8 +32,9 @@ def _layout(cfg: Config) -> dict:
         gain = {"weight": ((d,), ONES)}
         return {**gain, "bias": ((d,), ZEROS)} if cfg.norm == "layer" else gain
 
-    attn = {"wq": ((d, H * D), NORMAL), "wk": ((d, G * D), NORMAL), "wv": ((d, G * D), NORMAL),
-            "wo": ((H * D, d), RESIDUAL)}
+    attn = _mla_layout(cfg) if cfg.attention == "mla" else {
+        "wq": ((d, H * D), NORMAL), "wk": ((d, G * D), NORMAL), "wv": ((d, G * D), NORMAL),
+        "wo": ((H * D, d), RESIDUAL)}
     mlp = {"w_up": ((d, F), NORMAL), "w_down": ((F, d), RESIDUAL)}
     if cfg.mlp == "swiglu":
         mlp["w_gate"] = ((d, F), NORMAL)
@@ -53,13 +54,38 @@ def _layout(cfg: Config) -> dict:
     def block():
         # mlp="none" makes an attention-only block: no MLP and no norm in front of it.
         if cfg.mlp == "none":
-            return {"attn_norm": norm(), "attn": dict(attn)}
-        return {"attn_norm": norm(), "attn": dict(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
+            return {"attn_norm": norm(), "attn": _copy(attn)}
+        return {"attn_norm": norm(), "attn": _copy(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
 
     layout["blocks"] = [block() for _ in range(cfg.n_layers)]
     layout["final_norm"] = norm()
     layout["lm_head"] = head
     return layout
+
+
+def _copy(group):
+    """A fresh dict per block (MLA's norms inside attn are dicts too)."""
+    return {key: _copy(sub) if isinstance(sub, dict) else sub for key, sub in group.items()}
+
+
+def _mla_layout(cfg: Config) -> dict:
+    """MLA's attention params: DeepSeek-V2/V3's modules as [in, out] (theirs transposed).
+
+    wq [d, H*(nope+rope)], each head's columns nope first then rope; with q_lora_rank
+    wq_a [d, q_lora_rank], q_norm, wq_b [q_lora_rank, H*(nope+rope)] instead. wkv_a
+    [d, kv_lora_rank + rope]: the latent first, then the RoPE key every head shares;
+    kv_norm [kv_lora_rank]; wkv_b [kv_lora_rank, H*(nope+v)], each head's K-nope
+    columns then its V; wo [H*v, d].
+    """
+    d, H = cfg.d_model, cfg.n_heads
+    nope, rope, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+    c, qc = cfg.kv_lora_rank, cfg.q_lora_rank
+    attn = ({"wq": ((d, H * (nope + rope)), NORMAL)} if qc is None else
+            {"wq_a": ((d, qc), NORMAL), "q_norm": {"weight": ((qc,), ONES)},
+             "wq_b": ((qc, H * (nope + rope)), NORMAL)})
+    attn.update(wkv_a=((d, c + rope), NORMAL), kv_norm={"weight": ((c,), ONES)},
+                wkv_b=((c, H * (nope + v)), NORMAL), wo=((H * v, d), RESIDUAL))
+    return attn
 
 
 def map_params(fn, tree, *, names=False, _prefix=""):
@@ -160,7 +186,9 @@ def check_params(params, cfg: Config):
 
 
 def _describe(cfg):
-    return (f"d_model={cfg.d_model}, n_heads={cfg.n_heads}, n_kv_heads={cfg.n_kv_heads}, "
+    heads = (f"attention='mla', kv_lora_rank={cfg.kv_lora_rank}, q_lora_rank={cfg.q_lora_rank}"
+             if cfg.attention == "mla" else f"n_kv_heads={cfg.n_kv_heads}")
+    return (f"d_model={cfg.d_model}, n_heads={cfg.n_heads}, {heads}, "
             f"d_ff={cfg.d_ff}, vocab={cfg.vocab}, n_layers={cfg.n_layers}")
 
 
@@ -254,8 +282,10 @@ PACKED_MODULES_BY_KEYS = {name: keys for group in PACKED_MODULES.values()
 
 
 def _packed_groups(cfg: Config):
-    """(group name, packed name, keys) for each packed product in a block of this config."""
-    out = [("attn", "wqkv", QKV)]
+    """(group name, packed name, keys) for each packed product in a block of this config.
+    MLA's projections read different inputs (wq_b reads the query latent), so its attn
+    stays unpacked."""
+    out = [] if cfg.attention == "mla" else [("attn", "wqkv", QKV)]
     if cfg.mlp == "swiglu":
         out.append(("mlp", "w_gate_up", GATE_UP))
     return out

@@ -141,3 +141,25 @@ def test_real_model_answers_one_question():
     assert "Paris" in result.stdout
     for stat in ("load", "prefill", "tokens/s", "memory bound", "GB/s", "reached", "peak RSS"):
         assert stat in result.stderr
+
+
+# ---------------------------------------------------------------- --speculate
+
+def test_speculate_gives_the_greedy_answer_and_reports_alpha(model_file):
+    path, _, _ = model_file
+    plain = run_chat("--gguf", path, "--greedy", "--max-new-tokens", 24, "the cat the cat")
+    spec = run_chat("--gguf", path, "--greedy", "--max-new-tokens", 24, "--speculate", "ngram:3",
+                    "the cat the cat")
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout  # the same tokens: speculation is exact
+    line = next(x for x in spec.stderr.splitlines() if x.startswith("[speculative"))
+    assert "k=3: α " in line and "tokens per target pass" in line
+    assert "[speculative" not in plain.stderr
+
+
+@pytest.mark.parametrize("bad", ["ngram:0", "lookup", "ngram:x"])
+def test_a_bad_speculate_option_is_one_line_and_exit_2(bad):
+    result = run_chat("--speculate", bad, "hello")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "--speculate takes ngram or ngram:K with K an int >= 1" in result.stderr

@@ -62,6 +62,7 @@ def test_equal_per_row_offsets_take_the_shared_path():
     (np.array([0.5, 1.0]), r"per-row offsets must be integers"),
     (np.array([-1, 2]), r"offset must be >= 0"),
     (np.array([2, 6]), r"offset \+ T = 6 \+ 3 exceeds S = 8"),
+    (True, r"offset must be an integer .* got True"),  # a bool is not a count
 ])
 def test_bad_per_row_offsets_are_named(offset, match):
     q, k = np.zeros((2, 3, 2, 4)), np.zeros((2, 8, 2, 4))

@@ -325,3 +325,81 @@ def test_float32_grads_match_torch_autograd(name):
     worst = max(errors, key=errors.get)
     assert errors[worst] <= TOL_GRAD_F32, (worst, errors[worst])
 
+
+
+# ---------------------------------------------------------------- MLA against HF's DeepSeek-V3
+# mla_forward.npz (no q_lora_rank) and mla_lora_forward.npz (q_lora_rank 12) hold HF
+# transformers' DeepseekV3ForCausalLM (every layer dense, interleaved RoPE, no rope scaling,
+# its float32 RMSNorm and RoPE angles patched to float64) with its weights mapped into our
+# layout, its logits and its greedy generation through its own cache; mla_grads.npz its
+# autograd gradients, mapped the same way.
+
+MLA_MODELS = ["mla_forward", "mla_lora_forward"]
+TOL_MLA_LOGITS = 1e-10       # float64, absolute, logits up to ~0.4 [2.5e-16]
+
+
+def test_mla_snapshots_have_the_intended_shape():
+    plain, _, _ = load_model("mla_forward")
+    lora, params, _ = load_model("mla_lora_forward")
+    assert plain.attention == lora.attention == "mla"
+    assert (plain.q_lora_rank, lora.q_lora_rank) == (None, 12)
+    assert set(params["blocks"][0]["attn"]) == {"wq_a", "q_norm", "wq_b", "wkv_a", "kv_norm",
+                                                "wkv_b", "wo"}
+    assert not np.allclose(params["blocks"][0]["attn"]["kv_norm"]["weight"], 1.0)
+    # The rope part and the nope part differ in size, and V's head differs from K's.
+    assert plain.qk_rope_head_dim != plain.qk_nope_head_dim or plain.v_head_dim != plain.head_dim
+
+
+@pytest.mark.parametrize("name", MLA_MODELS)
+def test_mla_logits_match_hf_deepseek_v3(name):
+    cfg, params, s = load_model(name)
+    logits = tl.forward(params, cfg, s["tokens"])
+    check(logits, s["logits"], TOL_MLA_LOGITS, f"{name} logits")
+    np.testing.assert_array_equal(np.argmax(logits, -1), np.argmax(s["logits"], -1))
+
+
+@pytest.mark.parametrize("path", ["auto", "naive", "absorbed"])
+@pytest.mark.parametrize("name", MLA_MODELS)
+def test_mla_cached_logits_match_hf_deepseek_v3(name, path):
+    # A prefill, then one token at a time: the cache holds only c_kv and k_rope, and
+    # "auto" decodes by the absorbed form.
+    cfg, params, s = load_model(name)
+    tokens = s["tokens"]
+    cache = tl.KVCache(cfg, tokens.shape[0], tokens.shape[1], mla_path=path)
+    parts = [tl.forward(params, cfg, tokens[:, :7], cache=cache)]
+    parts += [tl.forward(params, cfg, tokens[:, i:i + 1], cache=cache)
+              for i in range(7, tokens.shape[1])]
+    check(np.concatenate(parts, axis=1), s["logits"], TOL_MLA_LOGITS, f"{name} cached ({path})")
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("name", MLA_MODELS)
+def test_mla_greedy_generation_matches_hf(name, use_cache):
+    cfg, params, s = load_model(name)
+    prompt, expected = s["greedy_prompt"], s["greedy_out"]
+    out = tl.generate(params, cfg, prompt, expected.shape[1] - prompt.shape[1], greedy=True,
+                      use_cache=use_cache)
+    np.testing.assert_array_equal(out, expected)
+
+
+def load_mla_grads(tag, dtype=np.float64):
+    snap = {k[len(tag) + 1:]: v for k, v in load("mla_grads").items() if k.startswith(tag + "/")}
+    fields = json.loads(str(snap.pop("config")))
+    fields["dtype"] = np.dtype(dtype)
+    cfg = tl.Config(**fields)
+    tokens, targets, loss = snap.pop("tokens"), snap.pop("targets"), float(snap.pop("loss"))
+    want = unflatten({k[5:]: v for k, v in snap.items() if k.startswith("grad/")})
+    params = unflatten({k: v.astype(dtype) for k, v in snap.items() if not k.startswith("grad/")})
+    tl.check_params(params, cfg)
+    return cfg, params, tokens, targets, loss, want
+
+
+@pytest.mark.parametrize("tag", ["plain", "lora"])
+def test_mla_grads_match_hf_autograd(tag):
+    cfg, params, tokens, targets, want_loss, want = load_mla_grads(tag)
+    assert cfg.attention == "mla" and (cfg.q_lora_rank is None) == (tag == "plain")
+    loss, grads = tl.loss_and_grads(params, cfg, tokens, targets)
+    assert loss == pytest.approx(want_loss, rel=1e-13)
+    errors = grad_errors(grads, want)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= TOL_GRAD_F64, (worst, errors[worst])

@@ -19,7 +19,7 @@ ENV.pop("NO_COLOR", None)
 
 def run(*args, env=None, **kwargs):
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                          encoding="utf-8", env=env or ENV, timeout=300, **kwargs)
+                          encoding="utf-8", env=env or ENV, timeout=600, **kwargs)
 
 
 @pytest.fixture(scope="module")

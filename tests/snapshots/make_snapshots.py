@@ -2,7 +2,10 @@
 
 Run from the repo root, in an environment that has torch (CI does not need it):
 
-    python tests/snapshots/make_snapshots.py
+    python tests/snapshots/make_snapshots.py        # or name groups: ... make_snapshots.py mla
+
+The MLA group (mla_*.npz) also needs HF transformers (DeepseekV3ForCausalLM); it was
+written with torch 2.13.0 and transformers 5.24.0.
 
 Every reference below is computed by PyTorch (the exact GELU also by mpmath), written here from scratch in
 torch (the models) or taken from torch.nn.functional (the ops); only the
@@ -396,16 +399,153 @@ def make_optim():
     save("optim", **arrays)
 
 
-def main():
+# ---------------------------------------------------------------- MLA against HF's DeepSeek-V3
+
+MLA_VARIANTS = {"mla_forward": None, "mla_lora_forward": 12}  # snapshot name -> q_lora_rank
+
+
+def mla_config(q_lora_rank):
+    return tl.llama_config(vocab=64, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq=16,
+                           norm_eps=1e-6, rope_base=10000.0, attention="mla", kv_lora_rank=16,
+                           qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                           q_lora_rank=q_lora_rank, dtype=np.float64)
+
+
+def hf_deepseek_v3(cfg, seed):
+    """transformers' DeepseekV3ForCausalLM for cfg: every layer dense, no rope scaling, RoPE
+    on interleaved pairs, in float64, with weights made non-trivial as perturbed_params does.
+
+    HF computes RMSNorm and the RoPE angles in float32 even in a float64 model (~4e-7 off);
+    both are patched to compute the same formulas in float64. (Its latent norms use RMSNorm's
+    default eps, 1e-6, whatever rms_norm_eps says, so the config uses 1e-6 throughout.)"""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+
+    def rms_forward(self, x):  # the same formula, in the input's dtype
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.variance_epsilon))
+
+    def rope_forward(self, x, position_ids):  # the same formula, angles in float64
+        dim = self.inv_freq.shape[0] * 2
+        inv_freq = 1.0 / (self.config.rope_parameters["rope_theta"]
+                          ** (torch.arange(0, dim, 2, dtype=F64) / dim))
+        freqs = position_ids[..., None].to(F64) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * self.attention_scaling).to(x.dtype),
+                (emb.sin() * self.attention_scaling).to(x.dtype))
+
+    hf.DeepseekV3RMSNorm.forward = rms_forward
+    hf.DeepseekV3RotaryEmbedding.forward = rope_forward
+    config = DeepseekV3Config(
+        vocab_size=cfg.vocab, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        moe_intermediate_size=cfg.d_ff, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=cfg.n_layers,  # all layers dense: no MoE
+        kv_lora_rank=cfg.kv_lora_rank, q_lora_rank=cfg.q_lora_rank,
+        qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
+        v_head_dim=cfg.v_head_dim, head_dim=cfg.qk_rope_head_dim,
+        max_position_embeddings=cfg.max_seq, rms_norm_eps=cfg.norm_eps,
+        rope_scaling=None, rope_theta=cfg.rope_base, rope_interleave=True,
+        tie_word_embeddings=False, attention_bias=False,
+        attn_implementation="sdpa",  # eager's softmax runs in float32
+        pad_token_id=None, bos_token_id=None, eos_token_id=None)  # a pad id zeroes its row's grad
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).to(F64).eval()
+    rng = np.random.default_rng(seed + 500)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:  # gains away from ones
+                p += t(0.1 * rng.normal(size=tuple(p.shape)))
+            elif any(key in name for key in ("q_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")):
+                p *= 8.0  # attention far from uniform
+    return model
+
+
+def hf_to_ours(model, cfg):
+    """HF's DeepSeek-V3 weights in transformer_lab's layout ([in, out]: transposes), flat."""
+    sd = {k: n(v) for k, v in model.state_dict().items()}
+    flat = {"tok_emb": sd["model.embed_tokens.weight"], "final_norm.weight": sd["model.norm.weight"],
+            "lm_head.w": sd["lm_head.weight"].T}
+    for i in range(cfg.n_layers):
+        hf, ours = f"model.layers.{i}.", f"blocks.{i}."
+        names = {"attn_norm.weight": "input_layernorm.weight",
+                 "mlp_norm.weight": "post_attention_layernorm.weight",
+                 "attn.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
+                 "attn.wkv_a": "self_attn.kv_a_proj_with_mqa.weight",
+                 "attn.wkv_b": "self_attn.kv_b_proj.weight", "attn.wo": "self_attn.o_proj.weight",
+                 "mlp.w_gate": "mlp.gate_proj.weight", "mlp.w_up": "mlp.up_proj.weight",
+                 "mlp.w_down": "mlp.down_proj.weight"}
+        if cfg.q_lora_rank is None:
+            names["attn.wq"] = "self_attn.q_proj.weight"
+        else:
+            names.update({"attn.wq_a": "self_attn.q_a_proj.weight",
+                          "attn.q_norm.weight": "self_attn.q_a_layernorm.weight",
+                          "attn.wq_b": "self_attn.q_b_proj.weight"})
+        for key, name in names.items():
+            value = sd[hf + name]
+            flat[ours + key] = value.T if value.ndim == 2 else value
+    return flat
+
+
+def make_mla():
+    """DeepSeek-V3's MLA from HF transformers, with and without q_lora_rank: logits, greedy
+    generation through HF's own cache (mla_forward.npz, mla_lora_forward.npz, laid out as
+    the other model snapshots) and autograd gradients in our layout (mla_grads.npz)."""
+    import transformers
+    print(f"  transformers {transformers.__version__}")
+    arrays = {}
+    for k, (name, q_lora_rank) in enumerate(MLA_VARIANTS.items()):
+        cfg = mla_config(q_lora_rank)
+        model = hf_deepseek_v3(cfg, seed=31 + k)
+        flat = hf_to_ours(model, cfg)
+        rng = np.random.default_rng(931 + k)
+        tokens = rng.integers(0, cfg.vocab, size=(2, 12), dtype=np.int64)
+        with torch.no_grad():
+            logits = n(model(torch.as_tensor(tokens)).logits)
+            prompt = torch.as_tensor(tokens[:, :5])
+            greedy = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                    max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                                    use_cache=True)
+        print(f"  {name}: logits std {logits.std():.3f}")
+        save(name, config=np.array(config_json(cfg)), tokens=tokens, logits=logits,
+             greedy_prompt=tokens[:, :5], greedy_out=n(greedy), **flat)
+
+        # Gradients: autograd through HF's model, mapped into our layout like the weights.
+        targets = np.concatenate([tokens[:, 1:], rng.integers(0, cfg.vocab, size=(2, 1))], axis=1)
+        targets[0, :3] = -1
+        out = model(torch.as_tensor(tokens)).logits
+        loss = F.cross_entropy(out.reshape(-1, cfg.vocab), t(targets).reshape(-1), ignore_index=-1)
+        model.zero_grad()
+        loss.backward()
+        grad_model = type("Grads", (), {"state_dict": lambda self: {
+            key: p.grad for key, p in model.named_parameters()}})()
+        grads = hf_to_ours(grad_model, cfg)
+        tag = "lora" if q_lora_rank else "plain"
+        arrays[f"{tag}/config"] = np.array(config_json(cfg))
+        arrays[f"{tag}/tokens"], arrays[f"{tag}/targets"] = tokens, targets
+        arrays[f"{tag}/loss"] = n(loss)
+        for key, value in flat.items():
+            arrays[f"{tag}/{key}"] = value
+            arrays[f"{tag}/grad/{key}"] = grads[key]
+    save("mla_grads", **arrays)
+
+
+MAKERS = {"norms": lambda: make_norms(), "activations": lambda: make_activations(),
+          "attention": lambda: make_attention(), "rope": lambda: make_rope(),
+          "models": lambda: make_models(), "grads": lambda: make_grads(),
+          "optim": lambda: make_optim(), "mla": lambda: make_mla()}
+
+
+def main(argv=None):
+    """Every snapshot, or only the groups named: python make_snapshots.py mla (the MLA
+    group needs transformers with DeepseekV3ForCausalLM, too)."""
+    import sys
+    names = (sys.argv[1:] if argv is None else argv) or list(MAKERS)
     torch.manual_seed(0)  # nothing below draws from torch's RNG, but fix it anyway
     print(f"torch {torch.__version__}")
-    make_norms()
-    make_activations()
-    make_attention()
-    make_rope()
-    make_models()
-    make_grads()
-    make_optim()
+    for name in names:
+        MAKERS[name]()
     total = sum(p.stat().st_size for p in HERE.glob("*.npz"))
     print(f"total {total / 1024:.1f} KiB")
 

@@ -17,6 +17,7 @@ the question or typed in, become U+FFFD with a note on stderr.
 """
 from __future__ import annotations
 
+import argparse
 import codecs
 import functools
 import sys
@@ -31,6 +32,7 @@ from ..pretrained.chat_template import apply_chat_template, stop_token_ids
 from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model, load_gguf
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
 from ..generation import generate_stream
+from ..speculative import parse_speculate, speculative_stream, stats_line
 from ..pretrained.tokenizer import SURROGATES
 
 EXIT_WORDS = ("exit", "quit")
@@ -85,8 +87,16 @@ def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
     ids = []
     step, prefill = 0, 0.0
     start = time.perf_counter()
-    stream = generate_stream(params, cfg, np.array([prompt_ids]), budget, greedy=args.greedy,
-                             temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    sampling = dict(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k,
+                    seed=args.seed)
+    speculate = getattr(args, "speculate", None)
+    if speculate is None:
+        stream = generate_stream(params, cfg, np.array([prompt_ids]), budget, **sampling)
+    else:  # draft k tokens, verify them in one pass; the tokens are the same as without it
+        draft, k = speculate
+        args.speculative_stats = {}
+        stream = speculative_stream(params, cfg, np.array([prompt_ids]), budget, draft=draft,
+                                    k=k, stats=args.speculative_stats, **sampling)
     for step, token in enumerate(stream):
         now = time.perf_counter()
         if step == 0:
@@ -149,7 +159,18 @@ def build_parser():
     parser.add_argument("--seed", type=non_negative_int, default=None, metavar="N",
                         help="seed for sampling, an integer >= 0")
     parser.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    parser.add_argument("--speculate", type=speculate_option, default=None, metavar="ngram[:k]",
+                        help="speculative decoding: draft k tokens (default 4) from n-grams of "
+                             "the conversation, verify them in one pass; prints α at the end")
     return parser
+
+
+def speculate_option(text):
+    """--speculate ngram or ngram:K, as (draft, k)."""
+    try:
+        return parse_speculate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args) -> int:
@@ -190,6 +211,8 @@ def run(args) -> int:
             return 1
         ids, prefill, steps, decode = answer(params, cfg, tokenizer, prompt_ids, args)
         report(load_seconds, len(prompt_ids), prefill, steps, decode, params)
+        if args.speculate is not None:
+            print(stats_line(args.speculative_stats), file=sys.stderr, flush=True)
         if not interactive:
             return 0
         turns.append((question, tokenizer.decode(ids)))

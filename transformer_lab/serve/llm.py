@@ -157,6 +157,11 @@ class LLM:
                kv_cache_memory=None, max_num_seqs=32, max_num_batched_tokens=1024,
                enable_prefix_caching=True, batch_invariant=False, mix_prefill_decode=True):
         check_params(params, cfg)
+        if cfg.attention == "mla":
+            # An MLA block would be one [block_size, kv_lora_rank + rope] array per layer,
+            # read by the absorbed attention; the pool holds per-head K and V only, so far.
+            raise ValueError("LLM: the paged KV pool holds per-head K and V blocks; MLA's latent "
+                             "cache is not served yet (use generate() or KVCache for MLA)")
         self.cfg, self.params, self.tokenizer = cfg, params, tokenizer
         self.block_size = _positive_int("block_size", block_size)
         self.max_num_seqs = _positive_int("max_num_seqs", max_num_seqs)

@@ -47,7 +47,7 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):
     dx, grads["lm_head"], dtok_head = lm_head_backward(dlogits, acts["final_norm"], params, cfg)
     dx, grads["final_norm"] = norm_backward(dx, acts.layer(L - 1, "resid_post"),
                                             params["final_norm"], cfg)  # [B, T, d]
-    rope = rope_angles(np.arange(T), cfg.head_dim, cfg.rope_base) if cfg.pos == "rope" else None
+    rope = rope_angles(np.arange(T), cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
     grads["blocks"] = [None] * L
     for i in reversed(range(L)):
         dx, grads["blocks"][i] = block_backward(dx, params["blocks"][i], cfg, acts, i, rope=rope)
@@ -109,6 +109,8 @@ def block_backward(dy, p, cfg: Config, acts, i, *, rope=None):
 def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
     """Backward of the attention sub-layer of block i: dy [B, T, d] is the gradient of its
     update; returns the gradient of its (normed) input attn_in and of wq..wo, bq..bo."""
+    if cfg.attention == "mla":
+        return mla_attention_block_backward(dy, a, cfg, acts, i, rope=rope)
     x = acts.layer(i, "attn_in")  # [B, T, d]
     B, T, _ = x.shape
     dout, grads = linear_backward(dy, acts.layer(i, "attn.out"), a, "wo", "bo")  # [B, T, H*D]
@@ -122,6 +124,51 @@ def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
         grads.update(g)
         dx = dx_part if dx is None else dx + dx_part  # x fed all three projections
     return dx, grads
+
+
+def mla_attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
+    """Backward of mla.mla_attention_block (the naive form training runs) for block i.
+
+    Forward, per token: q = wq(x) (or wq_b(q_norm(wq_a(x)))), RoPE on its rope part;
+    [kv_a, k_rope] = x @ wkv_a, c_kv = kv_norm(kv_a), RoPE on k_rope;
+    [k_nope, v] = c_kv @ wkv_b per head; k = [k_nope, k_rope for every head];
+    out = attention(q, k, v) with scale 1/sqrt(nope + rope); y = out @ wo.
+    In reverse, the RoPE key's gradient is summed over the heads that all read it."""
+    x = acts.layer(i, "attn_in")  # [B, T, d]
+    B, T, _ = x.shape
+    nope, H = cfg.qk_nope_head_dim, cfg.n_heads
+    dout, grads = linear_backward(dy, acts.layer(i, "attn.out"), a, "wo", "bo")  # [B, T, H*v]
+    dq, dk, dv = attention_core_backward(dout, acts.layer(i, "attn.q"), acts.layer(i, "attn.k"),
+                                         acts.layer(i, "attn.v"),
+                                         scale=1.0 / np.sqrt(cfg.head_dim))
+    dk_rope = dk[..., nope:].sum(axis=2, keepdims=True)  # [B, T, 1, rope]: shared by the heads
+    if rope is not None:
+        dq = dq.copy()
+        dq[..., nope:] = apply_rope_backward(dq[..., nope:], *rope)
+        dk_rope = apply_rope_backward(dk_rope, *rope)
+    dkv = np.concatenate([dk[..., :nope], dv], axis=-1)  # [B, T, H, nope+v], wkv_b's columns
+    dc_kv, g = linear_backward(dkv.reshape(B, T, -1), acts.layer(i, "attn.c_kv"), a, "wkv_b",
+                               "bkv_b")
+    grads.update(g)
+    dkv_a, dgain = rms_norm_backward(dc_kv, acts.layer(i, "attn.kv_a"), a["kv_norm"]["weight"],
+                                     cfg.norm_eps)
+    grads["kv_norm"] = {"weight": dgain}
+    dx, g = linear_backward(np.concatenate([dkv_a, dk_rope[:, :, 0]], axis=-1), x, a, "wkv_a",
+                            "bkv_a")
+    grads.update(g)
+    dq = dq.reshape(B, T, -1)  # [B, T, H*(nope+rope)]
+    if cfg.q_lora_rank is None:
+        dx_q, g = linear_backward(dq, x, a, "wq", "bq")
+        grads.update(g)
+    else:
+        dc_q, g = linear_backward(dq, acts.layer(i, "attn.c_q"), a, "wq_b", "bq_b")
+        grads.update(g)
+        dq_a, dgain = rms_norm_backward(dc_q, acts.layer(i, "attn.q_a"), a["q_norm"]["weight"],
+                                        cfg.norm_eps)
+        grads["q_norm"] = {"weight": dgain}
+        dx_q, g = linear_backward(dq_a, x, a, "wq_a", "bq_a")
+        grads.update(g)
+    return dx + dx_q, grads  # x fed both the query and the latent
 
 
 def mlp_backward(dy, m, cfg: Config, acts, i):

@@ -90,3 +90,14 @@ def test_default_pool_size_is_documented():
     expected = min(DEFAULT_KV_CACHE_MEMORY, 32 * cfg.max_seq * per_token) // (16 * per_token)
     assert llm.num_blocks == expected
     assert LLM.from_params(cfg, params, kv_cache_memory=16 * per_token * 5).num_blocks == 5
+
+
+def test_an_mla_model_is_refused_with_the_reason():
+    import numpy as np
+    from transformer_lab import init_params, llama_config
+    from transformer_lab.serve import LLM
+    cfg = llama_config(vocab=32, d_model=32, n_heads=2, n_layers=1, d_ff=64, max_seq=32,
+                       attention="mla", kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                       v_head_dim=8, dtype=np.float64)
+    with pytest.raises(ValueError, match=r"MLA's latent cache is not served yet"):
+        LLM.from_params(cfg, init_params(cfg))

@@ -1,0 +1,92 @@
+"""Demo 16's observations, asserted on its computed (quick) results."""
+import copy
+
+import pytest
+
+from demo_helpers import demo, quick_result, rendered_text, written_without_missing_glyphs
+from transformer_lab.speculative import break_even_alpha, expected_tokens_per_pass
+
+D16 = demo(16)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return quick_result(16)
+
+
+def flat(text):
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_greedy_speculation_gives_the_plain_tokens(result):
+    rows = [r for kd in result["kinds"] for r in kd["rows"]]
+    assert len(rows) == len(result["kinds"]) * len(result["ks"]) == 9
+    assert all(r["identical"] for r in rows)
+    assert all(kd["shown_same"] and kd["plain_text"] == kd["spec_text"] for kd in result["kinds"])
+
+
+def test_tokens_per_pass_and_the_formula(result):
+    for kd in result["kinds"]:
+        for r in kd["rows"]:
+            assert 1 <= r["tokens_per_pass"] <= r["k"] + 1
+            assert r["accepted"] <= r["tested"] <= r["drafted"]
+            assert r["target_passes"] * r["tokens_per_pass"] == pytest.approx(result["new_tokens"])
+            if r["alpha"] is not None:
+                assert 1 <= r["expected_tokens_per_pass"] <= expected_tokens_per_pass(r["alpha"], r["k"]) + 1e-12
+
+
+def test_break_even_alpha_is_computed_from_the_measured_cost(result):
+    for v in result["verify"]:
+        if v["k"]:
+            assert v["break_even_alpha"] == break_even_alpha(v["ratio"], v["k"])
+            if v["ratio"] <= 1:  # timing noise can make a short pass look cheaper than a step
+                assert v["break_even_alpha"] == 0.0
+            elif v["break_even_alpha"] is not None:
+                assert expected_tokens_per_pass(v["break_even_alpha"], v["k"]) == pytest.approx(v["ratio"])
+    assert result["verify"][0]["ratio"] == 1.0
+
+
+def test_sampling_keeps_the_distribution(result):
+    s = result["sampling"]
+    assert sum(s["exact"]) == pytest.approx(1.0) and len(s["cells"]) == s["vocab"] ** s["tokens"]
+    for name, d in s["drafts"].items():
+        assert sum(d["empirical"]) == pytest.approx(1.0)
+        assert d["p_value"] > result["p_min"], name
+    assert s["drafts"]["itself"]["accepted_per_drafted"] == 1.0  # q = p: every draft accepted
+
+
+def test_observations_quote_the_results(result):
+    f = D16.findings(result)
+    text = flat(rendered_text(D16, result, "en"))
+    assert f"{f['same']} of {f['runs']} speculative runs" in text
+    kind, best = f["best"]
+    assert f"{best['speedup']:.2f}× faster" in text
+    assert "all above 0.01: the distribution is unchanged" in text
+    kmax = f["kmax"]
+    assert f"a pass of {kmax['tokens']} tokens costs {kmax['ratio']:.2f} decode steps" in text
+
+
+def test_a_losing_row_is_explained_and_a_run_without_one_says_so(result):
+    lose = copy.deepcopy(result)
+    row = lose["kinds"][0]["rows"][0]
+    row["speedup"] = 0.01  # the slowest row
+    text = flat(" ".join(D16.observations(lose, "en")))
+    cost = next(v["ratio"] for v in lose["verify"] if v["k"] == row["k"])
+    assert f"runs at 0.01×: a target pass yields only {row['tokens_per_pass']:.2f} tokens" in text
+    assert f"their ratio predicts {row['tokens_per_pass'] / cost:.2f}×" in text
+    win = copy.deepcopy(result)
+    for kd in win["kinds"]:
+        for r in kd["rows"]:
+            r["speedup"] = 1.5
+    assert "No row ran slower" in " ".join(D16.observations(win, "en"))
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_figure_plots_the_speedups(result, tmp_path, lang):
+    names = written_without_missing_glyphs(D16, result, tmp_path, lang)
+    assert names == ["16_speculative_decoding_speedup.png", "16_speculative_decoding_speedup.svg"]
+    import _figures
+    fig = _figures.FigureWriter(tmp_path, "en", None).make(D16, result)["speedup"]
+    lines = {line.get_gid(): line for line in fig.axes[0].get_lines()}
+    for kd in result["kinds"]:
+        assert list(lines[kd["kind"]].get_ydata()) == [r["speedup"] for r in kd["rows"]]
