@@ -16,13 +16,6 @@ import console
 from console import exports
 
 
-@pytest.fixture(autouse=True)
-def _settings_back():
-    lang = console.get_lang()
-    yield
-    console.set_lang(lang)
-
-
 def test_rich_still_keeps_the_recording_where_recorded_segments_reads_it():
     """exports._recorded_segments reads rich's private Console._record_buffer (rich has
     no public way to get the recorded segments). If this fails after a rich upgrade,

@@ -7,13 +7,6 @@ import pytest
 import console
 
 
-@pytest.fixture(autouse=True)
-def _settings_back():
-    lang = console.get_lang()
-    yield
-    console.set_lang(lang)
-
-
 def record(width=80):
     console.set_lang("en")
     return console.reset_console(width=width, file=io.StringIO())

@@ -2,19 +2,10 @@
 import io
 
 import numpy as np
-import pytest
 from rich.cells import cell_len
 
 import console
 from console import state
-
-
-@pytest.fixture(autouse=True)
-def _settings_back():
-    lang = console.get_lang()
-    yield
-    console.set_lang(lang)
-    console.set_pause(False)
 
 
 class FakeTerminal(io.StringIO):

@@ -8,14 +8,6 @@ import console
 from console import state
 
 
-@pytest.fixture(autouse=True)
-def _settings_back():
-    lang = console.get_lang()
-    yield
-    console.set_lang(lang)
-    console.set_pause(False)
-
-
 class FakeTerminal(io.StringIO):
     """Standard input that says it is a terminal and has Enter pressed `presses` times."""
 

@@ -274,8 +274,8 @@ TOL_GRAD_F64 = 1e-9          # float64, both flavours
 TOL_GRAD_F32 = 3e-3          # float32 against torch's float64 [6.2e-7]
 
 
-def load_grads(name, dtype=np.float64):
-    snap = {k[len(name) + 1:]: v for k, v in load("grads").items() if k.startswith(name + "/")}
+def load_grads(name, dtype=np.float64, snapshot="grads"):
+    snap = {k[len(name) + 1:]: v for k, v in load(snapshot).items() if k.startswith(name + "/")}
     fields = json.loads(str(snap.pop("config")))
     fields["dtype"] = np.dtype(dtype)
     cfg = tl.Config(**fields)
@@ -383,15 +383,7 @@ def test_mla_greedy_generation_matches_hf(name, use_cache):
 
 
 def load_mla_grads(tag, dtype=np.float64):
-    snap = {k[len(tag) + 1:]: v for k, v in load("mla_grads").items() if k.startswith(tag + "/")}
-    fields = json.loads(str(snap.pop("config")))
-    fields["dtype"] = np.dtype(dtype)
-    cfg = tl.Config(**fields)
-    tokens, targets, loss = snap.pop("tokens"), snap.pop("targets"), float(snap.pop("loss"))
-    want = unflatten({k[5:]: v for k, v in snap.items() if k.startswith("grad/")})
-    params = unflatten({k: v.astype(dtype) for k, v in snap.items() if not k.startswith("grad/")})
-    tl.check_params(params, cfg)
-    return cfg, params, tokens, targets, loss, want
+    return load_grads(tag, dtype, snapshot="mla_grads")
 
 
 @pytest.mark.parametrize("tag", ["plain", "lora"])
