@@ -108,7 +108,9 @@ def test_curl_streams_and_api_key(model_file):
 def test_bad_options_are_one_line_and_exit_2(capsys):
     for argv in (["--port", "70000"], ["--max-num-seqs", "0"], ["--batching", "sometimes"],
                  ["--num-blocks", "4", "--kv-cache-memory", "100"], ["--bogus"],
-                 ["--served-model-name", ""]):
+                 ["--served-model-name", ""], ["--speculative-config", "{ngram"],
+                 ["--speculative-config", '{"method": "ngram"}'],
+                 ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}']):
         with pytest.raises(SystemExit) as info:
             main(argv)
         out, err = capsys.readouterr()
@@ -135,5 +137,6 @@ def test_missing_model_and_taken_port_are_one_line_and_exit_1(model_file, tmp_pa
 def test_help_lists_the_options():
     text = build_parser().format_help()
     for option in ("--host", "--port", "--model", "--api-key", "--max-num-seqs", "--block-size",
-                   "--num-blocks", "--max-waiting", "--max-body-bytes", "--batching"):
+                   "--num-blocks", "--max-waiting", "--max-body-bytes", "--batching",
+                   "--speculative-config"):
         assert option in text

@@ -212,3 +212,20 @@ def test_static_and_one_at_a_time_batching_give_the_same_greedy_tokens(batching)
         assert [r[2]["choices"][0]["token_ids"] for r in results] == \
             [o.token_ids for o in offline]
         assert idle(metrics(s))
+
+
+def test_speculative_server_streams_the_offline_engines_greedy_tokens():
+    """With n-gram speculation a step can bring several tokens at once; the streams still
+    carry every token, in order, equal to the offline engine without speculation."""
+    ps = [p * 3 for p in prompts(8, seed=9, low=3, high=9)]  # repeats: the draft finds matches
+    offline = tiny_llm().generate(ps, SamplingParams(max_tokens=20, ignore_eos=True),
+                                  use_tqdm=False)
+    spec = tiny_llm(speculative={"method": "ngram", "num_speculative_tokens": 4})
+    with running_server(spec) as s:
+        streamed = in_threads(lambda i: stream(s, "/v1/completions", {
+            "prompt": ps[i], "max_tokens": 20, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}), 8)
+        for (status, chunks, done), out in zip(streamed, offline):
+            assert status == 200 and done and stream_ids(chunks) == out.token_ids
+        assert idle(wait_for(s, idle))
+    assert spec.stats()["spec_accepted_tokens"] > 0

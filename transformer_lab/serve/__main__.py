@@ -13,6 +13,7 @@ not be loaded or the address could not be bound, 2 bad options.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 from ..cli import OneLineParser, int_at_least, non_empty_path
 from .api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from .engine_loop import BATCHING
+from .speculative_config import SpeculativeConfig
 
 API_KEY_ENV = "TRANSFORMER_LAB_API_KEY"
 
@@ -33,6 +35,20 @@ def port_number(text):
     if value > 65535:
         raise argparse.ArgumentTypeError(f"must be 0..65535, got {value}")
     return value
+
+
+def speculative_config(text):
+    """--speculative-config: vLLM's JSON, checked now (a bad one is a usage error)."""
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e.msg} at character {e.pos}): "
+                                         f"{text!r}") from None
+    try:
+        SpeculativeConfig.from_dict(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("LLM: ")) from None
+    return spec
 
 
 def build_parser():
@@ -71,6 +87,9 @@ def build_parser():
                         action="store_false", help="turn the prefix cache off")
     engine.add_argument("--batch-invariant", action="store_true",
                         help="a request's numbers do not depend on its batch-mates")
+    engine.add_argument("--speculative-config", type=speculative_config, metavar="JSON",
+                        help='n-gram speculation, vLLM\'s form: \'{"method": "ngram", '
+                             '"num_speculative_tokens": 4, "prompt_lookup_max": 3}\'')
     server = parser.add_argument_group("server")
     server.add_argument("--batching", choices=BATCHING, default="continuous",
                         help="continuous (the engine's), static (whole batches), none (one "
@@ -102,7 +121,7 @@ def load_engine(args):
     options = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    enable_prefix_caching=args.enable_prefix_caching,
-                   batch_invariant=args.batch_invariant)
+                   batch_invariant=args.batch_invariant, speculative=args.speculative_config)
     if args.num_blocks is not None:
         options["num_blocks"] = args.num_blocks
     if args.kv_cache_memory is not None:

@@ -147,6 +147,16 @@ class BlockManager:
         self._note_peak()
         return True
 
+    def trim(self, seq, positions: int):
+        """Free seq's blocks past the first `positions` positions, last first (the blocks
+        a speculative step took for drafts that were rejected; never a shared one)."""
+        keep = self.blocks_for(positions)
+        while len(seq.block_table) > keep:
+            block = self.blocks[seq.block_table.pop()]
+            assert block.ref_count == 1 and block.hash is None, "trim() frees private blocks only"
+            block.ref_count = 0
+            self.free[block.id] = None
+
     def free_seq(self, seq):
         """Release seq's blocks, last first; those no one holds go to the back of the free
         list and keep their hashes."""

@@ -6,7 +6,10 @@
 
 Each step: the Scheduler picks the chunks, the ModelRunner runs one forward
 over them against the paged pool, and each sequence that finished a chunk at
-its end samples its next token with its own generator.
+its end samples its next token with its own generator. With speculative=
+(serve/speculative_config.py) a decoding sequence's chunk also verifies its
+drafts, and the acceptance rule of speculative.accept picks its 1 to k + 1 new
+tokens.
 """
 from __future__ import annotations
 
@@ -20,11 +23,13 @@ import numpy as np
 from ..generation import sample_next
 from ..model import row_invariant_products
 from ..params import check_params
+from ..speculative import Sampler, accept
 from .block_manager import BlockManager
 from .model_runner import ModelRunner, PagedKVPool
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
+from .speculative_config import SpeculativeConfig
 
 # Without num_blocks or kv_cache_memory, the pool holds max_num_seqs full-length
 # sequences, capped at this many bytes (256 MiB: 5 825 SmolLM2 tokens, 364 blocks of 16).
@@ -114,12 +119,14 @@ class StepRecord:
     step: int
     num_seqs: int  # sequences computed in this step
     prefill_tokens: int
-    decode_tokens: int
+    decode_tokens: int  # decode positions computed (a verify chunk: 1 + its drafts)
     seconds: float  # wall time of the forward and the sampling
     blocks_in_use: int  # after the step
     tokens_in_cache: int  # K/V positions the running sequences hold, after the step
     slots_used: int  # filled slots of the blocks in use (a shared block counted once)
     gathered_bytes: int  # K/V the attention copied out of the pool
+    drafted_tokens: int = 0  # speculated tokens verified in this step
+    accepted_tokens: int = 0  # of them, accepted
 
 
 # ---------------------------------------------------------------- the engine
@@ -155,7 +162,8 @@ class LLM:
 
     def _setup(self, cfg, params, tokenizer, *, block_size=16, num_blocks=None,
                kv_cache_memory=None, max_num_seqs=32, max_num_batched_tokens=1024,
-               enable_prefix_caching=True, batch_invariant=False, mix_prefill_decode=True):
+               enable_prefix_caching=True, batch_invariant=False, mix_prefill_decode=True,
+               speculative=None):
         check_params(params, cfg)
         if cfg.attention == "mla":
             # An MLA block would be one [block_size, kv_lora_rank + rope] array per layer,
@@ -185,6 +193,7 @@ class LLM:
                 raise ValueError(f"LLM: kv_cache_memory={memory} bytes holds no block of "
                                  f"{per_block} bytes")
         self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.speculative = SpeculativeConfig.from_dict(speculative)
         self.batch_invariant = bool(batch_invariant)
         # Batch invariance needs a sequence's computation to depend on it alone: prefix hits
         # (which depend on what ran before) are off, and chunks are cut at fixed points.
@@ -193,7 +202,8 @@ class LLM:
                                           self.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.max_num_seqs,
                                    max_num_batched_tokens=self.max_num_batched_tokens,
-                                   mix=bool(mix_prefill_decode), canonical=self.batch_invariant)
+                                   mix=bool(mix_prefill_decode), canonical=self.batch_invariant,
+                                   speculative=self.speculative)
         self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size)
         self.runner = ModelRunner(params, cfg, self.pool, batch_invariant=self.batch_invariant)
         self._next_index = 0
@@ -203,7 +213,7 @@ class LLM:
         """Zero the counters of stats() and empty the step log (the cache keeps its blocks)."""
         self.step_log: list[StepRecord] = []
         self._counts = dict(prefill_tokens_computed=0, prefill_tokens_submitted=0,
-                            decode_tokens=0)
+                            decode_tokens=0, spec_draft_tokens=0, spec_accepted_tokens=0)
         bm = self.block_manager
         bm.peak_blocks_in_use = bm.blocks_in_use
         bm.prefix_hit_tokens = bm.prefix_query_tokens = 0
@@ -333,7 +343,7 @@ class LLM:
                      else contextlib.nullcontext())
         with invariant:
             logits = self.runner.run(chunks)  # [chunks that sample, V]
-        finished, row, prefill, decode = [], 0, 0, 0
+        finished, row, prefill, decode, drafted, accepted = [], 0, 0, 0, 0, 0
         for chunk in chunks:
             seq, n = chunk.seq, chunk.end - chunk.start
             seq.num_computed_tokens = chunk.end
@@ -343,26 +353,42 @@ class LLM:
                 decode += n
             if not chunk.sample:
                 continue
-            token = self._sample(seq, logits[row])
-            row += 1
-            seq.token_ids.append(token)
+            j = len(chunk.drafts)
+            if j:  # verify: accept a of the j drafts, then the target's own token
+                self._check_finite(seq, logits[row:row + j + 1])
+                a, token = accept(logits[row:row + j + 1], chunk.drafts, None, self._sampler(seq))
+                new = [*chunk.drafts[:a], token]
+                seq.num_computed_tokens = chunk.end - j + a  # the rejected drafts' K/V drop
+                self.block_manager.trim(seq, seq.num_computed_tokens + 1)
+                drafted, accepted = drafted + j, accepted + a
+            else:
+                new = [self._sample(seq, logits[row])]
+            row += j + 1
+            reason = None
+            for token in new:  # a stop or max_tokens can come before the pass's last token
+                seq.token_ids.append(token)
+                reason = self._finish_reason(seq, token)
+                if reason:
+                    break
             now = time.perf_counter()
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            reason = self._finish_reason(seq, token)
             if reason:
                 seq.finish_time = now
                 self.scheduler.finish(seq, reason)
                 finished.append(seq)
         self._counts["prefill_tokens_computed"] += prefill
         self._counts["decode_tokens"] += decode
+        self._counts["spec_draft_tokens"] += drafted
+        self._counts["spec_accepted_tokens"] += accepted
         self.step_log.append(StepRecord(
             step=len(self.step_log), num_seqs=len(chunks), prefill_tokens=prefill,
             decode_tokens=decode, seconds=time.perf_counter() - start,
             blocks_in_use=self.block_manager.blocks_in_use,
             tokens_in_cache=sum(s.num_computed_tokens for s in self.scheduler.running),
             slots_used=self._slots_used(),
-            gathered_bytes=self.runner.last_gathered_bytes))
+            gathered_bytes=self.runner.last_gathered_bytes, drafted_tokens=drafted,
+            accepted_tokens=accepted))
         return finished
 
     def _slots_used(self) -> int:
@@ -373,10 +399,19 @@ class LLM:
                 filled[block_id] = max(filled.get(block_id, 0), n)
         return sum(filled.values())
 
-    def _sample(self, seq, logits) -> int:
+    def _sampler(self, seq) -> Sampler:
+        """How seq's verify pass picks (the single-sequence path's Sampler, seq's generator)."""
+        p = seq.params
+        return Sampler(p.greedy, float(p.temperature) if not p.greedy else 1.0, p.k, seq.rng)
+
+    @staticmethod
+    def _check_finite(seq, logits):
         if not np.isfinite(logits).all():
             raise ValueError(f"request {seq.index}: the logits at position "
                              f"{len(seq) - 1} are not finite; check the params")
+
+    def _sample(self, seq, logits) -> int:
+        self._check_finite(seq, logits)
         p = seq.params
         if p.greedy:
             return int(np.argmax(logits))

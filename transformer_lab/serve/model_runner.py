@@ -13,11 +13,12 @@ attend(), for every layer:
 2. attends each prefill chunk by itself: a chunk at the start of its sequence
    uses its fresh K/V directly, a later chunk gathers its sequence's blocks
    (pool[block_table]) into a contiguous [1, S, G, D] and attends with its offset;
-3. attends the decodes a few at once: sorted by context and grouped where the
-   contexts are within 1.5x, each group's block tables, padded to its longest,
-   gather [b, blocks * block_size, G, D], and attention_core runs with one offset
-   per row, so each row's query reads only its own positions (what lies past
-   them, padding blocks included, is masked and never read).
+3. attends the decodes (and the verify chunks of speculation: the last token and
+   its drafts, T = 1 + j) a few at once: grouped by T, sorted by context and
+   grouped where the contexts are within 1.5x, each group's block tables, padded
+   to its longest, gather [b, blocks * block_size, G, D], and attention_core runs
+   with one offset per row, so each row's queries read only their own positions
+   (what lies past them, padding blocks included, is masked and never read).
 
 Attention reads the blocks by gathering them once per layer per step, not block
 by block: a Python loop over blocks would cost more than the copy. The copy is
@@ -38,6 +39,11 @@ import numpy as np
 
 from ..attention import attention_core
 from ..model import _forward_unchecked
+
+
+# Chunks past a sequence's start of at most this many tokens (decodes, verify chunks of
+# speculation) are attended in groups; longer ones (prefill chunks) one by one.
+SHORT_CHUNK = 16
 
 
 class PagedKVPool:
@@ -68,18 +74,18 @@ class StepCache:
         bs = pool.block_size
         tokens, positions, slots = [], [], []
         self.prefills = []  # (a, b, start, end, block ids): flat rows a..b-1 are [start, end)
-        decodes = []  # (flat row, position, block ids)
+        short = []  # (flat row, start, length, block ids) of decodes and verify chunks
         row = 0
         for chunk in chunks:
             seq, start, end = chunk.seq, chunk.start, chunk.end
             pos = np.arange(start, end)
             table = np.asarray(seq.block_table, dtype=np.int64)
-            tokens.append(seq.token_ids[start:end])
+            tokens.append(chunk.token_ids)
             positions.append(pos)
             slots.append(table[pos // bs] * bs + pos % bs)
             needed = table[:-(-end // bs)]
-            if end - start == 1 and start > 0 and not batch_invariant:
-                decodes.append((row, start, needed))
+            if 0 < start and end - start <= SHORT_CHUNK and not batch_invariant:
+                short.append((row, start, end - start, needed))
             else:
                 self.prefills.append((row, row + end - start, start, end, needed))
             row += end - start
@@ -87,21 +93,23 @@ class StepCache:
         self.tokens = np.concatenate(tokens).astype(np.int64)[None, :]  # [1, N]
         self._positions = np.concatenate(positions)[None, :]  # [1, N]
         self.slots = np.concatenate(slots)  # [N]
-        # Decodes in groups of similar context, each padded to its own longest table: one
-        # attention call per group, and little padding gathered (rows sorted by blocks; a
-        # group ends where the next row needs over 1.5x its first row's blocks).
-        self.decode_groups = []  # (flat rows [b], positions [b], block tables [b, width])
-        decodes.sort(key=lambda d: len(d[2]))
-        while decodes:
-            first = len(decodes[0][2])
-            size = next((i for i, d in enumerate(decodes) if len(d[2]) > 1.5 * first + 1),
-                        len(decodes))
-            group, decodes = decodes[:size], decodes[size:]
-            tables = np.zeros((len(group), len(group[-1][2])), dtype=np.int64)  # pad: block 0
-            for i, (_, _, table) in enumerate(group):
+        # Decodes (1 token) and verify chunks (1 + drafts) in groups of one length and
+        # similar context, each padded to its own longest table: one attention call per
+        # group, and little padding gathered (rows sorted by blocks; a group ends where the
+        # next row needs over 1.5x its first row's blocks).
+        self.decode_groups = []  # (flat rows [b, T], first positions [b], tables [b, width])
+        short.sort(key=lambda d: (d[2], len(d[3])))
+        while short:
+            length, first = short[0][2], len(short[0][3])
+            size = next((i for i, d in enumerate(short)
+                         if d[2] != length or len(d[3]) > 1.5 * first + 1), len(short))
+            group, short = short[:size], short[size:]
+            tables = np.zeros((len(group), len(group[-1][3])), dtype=np.int64)  # pad: block 0
+            for i, (_, _, _, table) in enumerate(group):
                 tables[i, :len(table)] = table
-            self.decode_groups.append((np.array([d[0] for d in group], dtype=np.int64),
-                                       np.array([d[1] for d in group], dtype=np.int64), tables))
+            rows = np.array([d[0] for d in group], dtype=np.int64)[:, None] + np.arange(length)
+            self.decode_groups.append((rows, np.array([d[1] for d in group], dtype=np.int64),
+                                       tables))
         self.gathered_bytes = 0  # K/V copied by gathers this step, all layers
 
     # ------------------------------------------------------------ what forward() calls
@@ -138,15 +146,16 @@ class StepCache:
             else:
                 ks, vs = self._gather(layer, table, end)
             out[:, a:b] = attention_core(q[:, a:b], ks, vs, start, causal=causal)
-        # 3. The decodes, a group at a time, each row at its own position over its own blocks.
+        # 3. Decodes and verify chunks, a group at a time, each row at its own position over
+        #    its own blocks.
         bs = pool_k.shape[1]
         for rows, positions, tables in self.decode_groups:
             B, width = tables.shape
             keys = pool_k[tables].reshape(B, width * bs, G, D)
             values = pool_v[tables].reshape(B, width * bs, G, D)
             self.gathered_bytes += 2 * keys.nbytes
-            out[0, rows] = attention_core(q[0, rows][:, None], keys, values, positions,
-                                          causal=causal)[:, 0]
+            out[0, rows] = attention_core(q[0, rows], keys, values, positions,  # q [B, T, H, D]
+                                          causal=causal)
         return out, None, None, None
 
     def advance(self, new):
@@ -160,15 +169,15 @@ class ModelRunner:
         self.last_gathered_bytes = 0
 
     def run(self, chunks) -> np.ndarray:
-        """Compute the step; the logits [len(sampling chunks), vocab] of the chunks that pick
-        a token, in the order of `chunks`."""
+        """Compute the step; the logits [rows, vocab] of the chunks that pick a token, in the
+        order of `chunks`: one row each, 1 + len(drafts) for a verify chunk."""
         cache = StepCache(self.pool, chunks, batch_invariant=self.batch_invariant)
         # The params were checked once when the engine was made.
         logits = _forward_unchecked(self.params, self.cfg, cache.tokens, cache=cache)[0]  # [N, V]
         self.last_gathered_bytes = cache.gathered_bytes
-        ends, row = [], 0
+        keep, row = [], 0
         for chunk in chunks:
             row += chunk.end - chunk.start
             if chunk.sample:
-                ends.append(row - 1)
-        return logits[ends]
+                keep.extend(range(row - 1 - len(chunk.drafts), row))
+        return logits[keep]

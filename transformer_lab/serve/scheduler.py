@@ -19,6 +19,11 @@ with num_computed_tokens 0, and it is recomputed (as one prefill of its prompt
 and its tokens so far) when admitted again. No sequence is admitted in a step
 that preempted one.
 
+With a speculative config (serve/speculative_config.py) a decoding sequence
+drafts up to k tokens of its own and its chunk computes the last token and the
+j drafts: [start, start + 1 + j). Drafting never preempts: it stops at the
+budget, at max_tokens and where no free block is left.
+
 canonical=True (batch-invariant mode) makes a sequence's chunks depend on
 nothing but the sequence: its prompt is cut at fixed multiples of
 max_num_batched_tokens - max_num_seqs (or of the budget, if that is not
@@ -36,14 +41,24 @@ from .sequence import Sequence, SequenceStatus
 
 @dataclass
 class ScheduledChunk:
-    """seq computes tokens [start, end) this step; sample: the last one's logits pick a token."""
+    """seq computes positions [start, end) this step; sample: the last one's logits pick a
+    token. drafts: speculated tokens at the chunk's last len(drafts) positions (a verify
+    chunk: the sequence's last token, then the drafts, all past its token_ids)."""
     seq: Sequence
     start: int
     end: int
+    drafts: tuple = ()
 
     @property
     def sample(self) -> bool:
-        return self.end == len(self.seq)
+        return self.end == len(self.seq) + len(self.drafts)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The ids this chunk feeds, one per position."""
+        if not self.drafts:
+            return self.seq.token_ids[self.start:self.end]
+        return self.seq.token_ids[self.start:] + list(self.drafts)
 
     @property
     def is_prefill(self) -> bool:
@@ -52,10 +67,12 @@ class ScheduledChunk:
 
 class Scheduler:
     def __init__(self, block_manager, *, max_num_seqs=32, max_num_batched_tokens=1024, mix=True,
-                 canonical=False):
+                 canonical=False, speculative=None):
         self.block_manager = block_manager
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.mix, self.canonical = mix, canonical
+        self.speculative = speculative  # a SpeculativeConfig or None
+        self.draft = None if speculative is None else speculative.draft()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -100,7 +117,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            start = seq.num_computed_tokens
+            start, drafts = seq.num_computed_tokens, ()
             if seq.in_prefill:
                 n = self._chunk_length(seq, budget) if prefills else 0
             elif decodes:
@@ -112,15 +129,33 @@ class Scheduler:
                         break
                 if seq.status is not SequenceStatus.RUNNING:
                     break  # it preempted itself: it was the newest, nothing runs after it
-                n = 1
+                drafts = self._drafts(seq, budget - 1)
+                n = 1 + len(drafts)
             else:
                 n = 0
             if n:
-                self._scheduled(seq, start, start + n)
-                chunks.append(ScheduledChunk(seq, start, start + n))
+                # Drafts may be rejected: only the positions before them are sure to stay.
+                self._scheduled(seq, start, start + n - len(drafts))
+                chunks.append(ScheduledChunk(seq, start, start + n, drafts))
                 budget -= n
             i += 1
         return chunks, budget, preempted
+
+    def _drafts(self, seq, budget) -> tuple:
+        """Up to k speculated tokens for a decoding seq, with blocks for their positions:
+        fewer at the budget, at max_tokens (the step yields up to j + 1 tokens) and where
+        no free block is left."""
+        if self.draft is None:
+            return ()
+        left = seq.params.max_tokens - len(seq.output_token_ids)  # >= 1 while it runs
+        k = min(self.speculative.num_speculative_tokens, left - 1, budget)
+        if k < 1:
+            return ()
+        drafts, _ = self.draft.propose(seq.token_ids, k)
+        n = 0
+        while n < len(drafts) and self.block_manager.append_slot(seq, len(seq) + n):
+            n += 1
+        return tuple(drafts[:n])
 
     def _admit(self, budget) -> list[ScheduledChunk]:
         chunks = []
