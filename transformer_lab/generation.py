@@ -142,7 +142,8 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
     last = np.full(B, T - 1) if lengths is None else lengths - 1  # each row's last prompt token
     if use_cache:
         cache = KVCache(cfg, B, T + max_new_tokens)
-        logits = _forward_unchecked(params, cfg, prompt, cache=cache)[np.arange(B), last]  # [B, V]
+        logits = _forward_unchecked(params, cfg, prompt, cache=cache,
+                                    logits_at=last[:, None])[:, 0]  # [B, V]
         if lengths is not None:
             for row, length in enumerate(lengths):  # forget the padding: rows at their own lengths
                 cache.truncate_row(row, int(length))
@@ -155,7 +156,8 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
         # No cache: every step runs each sequence whole, rows of different lengths one by one.
         seqs = [prompt] if lengths is None else [prompt[i:i + 1, :n] for i, n in enumerate(lengths)]
         for step in range(max_new_tokens):
-            logits = np.concatenate([_forward_unchecked(params, cfg, s)[:, -1] for s in seqs])
+            logits = np.concatenate([_forward_unchecked(params, cfg, s, logits_at=[-1])[:, 0]
+                                     for s in seqs])
             nxt = sample_next(_finite(logits, step), **pick)
             yield nxt
             if lengths is None:

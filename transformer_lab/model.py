@@ -229,8 +229,13 @@ def lm_head(x, params, cfg: Config):
     return logits + head["b"] if cfg.bias else logits
 
 
-def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None, acts=None):
+def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None, acts=None,
+            logits_at=None):
     """Logits [B, T, vocab] for int tokens [B, T].
+
+    logits_at: only these positions along T get logits, [B, n, vocab]: an index array
+    [n] for every row, or [B, n] per row. The head is a fifth of SmolLM2's weights, so a
+    prefill that needs the last position's logits alone skips most of its cost.
 
     With a cache, each row's new tokens sit at that row's positions onwards
     (cache.lengths), their K/V are stored, and attention reads everything the
@@ -245,11 +250,11 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
     cost one more pass over the scores. Without acts nothing extra is computed or kept.
     """
     check_params(params, cfg)
-    return _forward_unchecked(params, cfg, tokens, causal, use_rope, cache, acts)
+    return _forward_unchecked(params, cfg, tokens, causal, use_rope, cache, acts, logits_at)
 
 
 def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
-                       acts=None):
+                       acts=None, logits_at=None):
     """forward without check_params, for loops that checked the params once before starting
     (generate_stream): the check walks every array, about 0.8 ms on SmolLM2, per step."""
     if acts is not None and not isinstance(acts, dict):
@@ -275,11 +280,30 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
         x = block(x, p, cfg, rope=rope, causal=causal, cache=cache, layer=layer, acts=acts)
     if cache is not None:
         cache.advance(T)
+    if logits_at is not None:
+        x = _positions_along_t(x, logits_at, acts)  # [B, n, d]
     x = norm(x, params["final_norm"], cfg)  # [B, T, d]
     logits = lm_head(x, params, cfg)  # [B, T, vocab]
     if acts is not None:
         record(acts, None, {"final_norm": x, "logits": logits})
     return logits
+
+
+def _positions_along_t(x, at, acts):
+    """x [B, T, d] at positions `at` along T: [n] for every row or [B, n] per row."""
+    if acts is not None:
+        raise ValueError("forward: logits_at and acts cannot be combined (the record holds "
+                         "every position's final_norm and logits)")
+    B, T = x.shape[:2]
+    at = np.asarray(at)
+    if not np.issubdtype(at.dtype, np.integer) or at.ndim not in (1, 2) \
+            or (at.ndim == 2 and at.shape[0] != B):
+        raise ValueError(f"forward: logits_at must be integer positions [n] or [B={B}, n], got "
+                         f"{at.dtype} {at.shape}")
+    if at.size and (at.min() < -T or at.max() >= T):
+        raise ValueError(f"forward: logits_at holds positions outside [0, {T}): "
+                         f"{int(at.min())}..{int(at.max())}")
+    return x[:, at] if at.ndim == 1 else np.take_along_axis(x, at[..., None], axis=1)
 
 
 def check_targets(targets, tokens, cfg: Config):

@@ -146,7 +146,7 @@ class ModelDraft:
             return [], None
         held = cache.length
         logits = _forward_unchecked(self.params, self.cfg, np.asarray(tokens[held:L])[None],
-                                    cache=cache)[0, -1]
+                                    cache=cache, logits_at=[-1])[0, 0]
         out, qs = [], []
         for i in range(n):
             token, q = sampler.pick(_finite(logits, i))
@@ -295,7 +295,8 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         T = self.prompt_len
         if T > 1:
-            _forward_unchecked(self.params, self.cfg, self.tokens[None, :T - 1], cache=self.cache)
+            _forward_unchecked(self.params, self.cfg, self.tokens[None, :T - 1], cache=self.cache,
+                               logits_at=[-1])  # only the cache is wanted
         self.draft.start(self.tokens[:T], T + self.max_new_tokens)
         self.stats["prefill_seconds"] = time.perf_counter() - start
         while self.length < T + self.max_new_tokens:

@@ -729,3 +729,32 @@ def test_biases_follow_cfg_bias_not_the_keys_present():
     biased = cfg.replace(bias=True)
     assert not np.allclose(tl_model.attention_block(x, attn, biased), want_attn)
     assert not np.allclose(tl_model.mlp(x, mlp, biased), want_mlp)
+
+
+@pytest.mark.parametrize("cfg", [TINY, TINY_GPT2], ids=["llama", "gpt2"])
+def test_logits_at_computes_only_the_asked_positions(cfg):
+    params = init_params(cfg, seed=3)
+    tokens = tokens_for(cfg, 3, 9, seed=4)
+    full = forward(params, cfg, tokens)  # [3, 9, V]
+    assert np.allclose(forward(params, cfg, tokens, logits_at=[8]), full[:, 8:9], rtol=0,
+                       atol=1e-12)
+    assert np.allclose(forward(params, cfg, tokens, logits_at=np.array([0, 4, -1])),
+                       full[:, [0, 4, 8]], rtol=0, atol=1e-12)
+    per_row = np.array([[2], [8], [5]])
+    assert np.allclose(forward(params, cfg, tokens, logits_at=per_row)[:, 0],
+                       full[np.arange(3), per_row[:, 0]], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("at, words", [
+    ([9], "outside [0, 9)"),
+    ([0.5], "integer positions"),
+    (np.zeros((2, 1), dtype=np.int64), "[B=3, n]"),
+    (np.zeros((3, 1, 1), dtype=np.int64), "integer positions"),
+])
+def test_bad_logits_at_names_the_problem(at, words):
+    params = init_params(TINY, seed=3)
+    with pytest.raises(ValueError) as err:
+        forward(params, TINY, tokens_for(TINY, 3, 9, seed=4), logits_at=at)
+    assert words in str(err.value)
+    with pytest.raises(ValueError, match="logits_at and acts"):
+        forward(params, TINY, tokens_for(TINY, 3, 9, seed=4), logits_at=[1], acts={})

@@ -30,8 +30,9 @@ With batch_invariant, decodes are attended one sequence at a time too, over
 exactly their own context, and every product goes through fixed row blocks
 (model.row_invariant_products), so a sequence's numbers depend on it alone.
 
-forward() computes the logits of all N tokens; the runner keeps the rows of
-the chunks that end their sequence (the ones that pick a token).
+forward() computes logits only at the rows that pick a token (logits_at: the
+last row of a chunk that ends its sequence, every row of a verify chunk); the
+head is a fifth of SmolLM2's weights and the other prefill rows need none.
 """
 from __future__ import annotations
 
@@ -173,11 +174,15 @@ class ModelRunner:
         order of `chunks`: one row each, 1 + len(drafts) for a verify chunk."""
         cache = StepCache(self.pool, chunks, batch_invariant=self.batch_invariant)
         # The params were checked once when the engine was made.
-        logits = _forward_unchecked(self.params, self.cfg, cache.tokens, cache=cache)[0]  # [N, V]
-        self.last_gathered_bytes = cache.gathered_bytes
         keep, row = [], 0
         for chunk in chunks:
             row += chunk.end - chunk.start
             if chunk.sample:
                 keep.extend(range(row - 1 - len(chunk.drafts), row))
-        return logits[keep]
+        if not keep:
+            keep = [row - 1]  # a step of prefill chunks only: one row, for the shapes
+        # The params were checked once when the engine was made.
+        logits = _forward_unchecked(self.params, self.cfg, cache.tokens, cache=cache,
+                                    logits_at=np.array(keep))[0]  # [rows kept, V]
+        self.last_gathered_bytes = cache.gathered_bytes
+        return logits if any(chunk.sample for chunk in chunks) else logits[:0]
