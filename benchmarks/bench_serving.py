@@ -4,8 +4,10 @@
 passage), outputs of 16-128 tokens with ignore_eos. Generated tokens per second of
 wall time for (a) one request at a time through generate_stream, (b) static
 batching (batches of max_num_seqs padded to their longest prompt, run until their
-longest output is done), and the engine (mixed steps, alternating steps, and
-batch_invariant). Also: the decode step at B = 16 against B = 1, the bytes the
+longest output is done), (c) HF transformers' batched generate with left padding on
+the same GGUF in batches of the same size (only where torch and transformers are
+installed: a scratch venv, never a dependency), and the engine (mixed steps,
+alternating steps, batch_invariant). Also: the decode step at B = 16 against B = 1, the bytes the
 attention gathers per step, KV memory held vs used at the peak, and the small-M
 product table behind model._matmul_rows.
 """
@@ -74,6 +76,36 @@ def static_batching(params, cfg, prompts, outs, batch):
     return time.perf_counter() - start
 
 
+def hf_static_batches(prompts, outs, batch, threads=2):
+    """(c): HF transformers' generate on the same GGUF (dequantized to float32), batches of
+    `batch` in arrival order, left-padded, greedy, each run for its longest output
+    (min_new_tokens = max_new_tokens, as ignore_eos). Seconds, or None without torch and
+    transformers."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        return None
+    from transformer_lab.pretrained.gguf import find_model
+    path = find_model()
+    torch.set_num_threads(threads)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32)
+    model.eval()
+    pad = model.config.eos_token_id if model.config.pad_token_id is None \
+        else model.config.pad_token_id
+    start = time.perf_counter()
+    with torch.no_grad():
+        for i in range(0, len(prompts), batch):
+            group, n = prompts[i:i + batch], max(outs[i:i + batch])
+            width = max(len(p) for p in group)
+            ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in group])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
+                           min_new_tokens=n, do_sample=False, pad_token_id=pad)
+    return time.perf_counter() - start
+
+
 def engine_run(LLM, SamplingParams, cfg, params, tokenizer, prompts, outs, **options):
     llm = LLM.from_params(cfg, params, tokenizer, **options)
     sps = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i) for i, n in enumerate(outs)]
@@ -121,6 +153,34 @@ def gather_cost(cfg, batch, context, block_size=16):
     return time_side_by_side({"g": gather}, repeats=5)["g"]["median_s"]
 
 
+SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+
+
+def speculation_rows(LLM, SamplingParams, cfg, params, prompts, outs):
+    """The engine with and without n-gram speculation at max_num_seqs 1 (the first 8
+    requests) and 8 (all): generated tokens/s, acceptance, and whether the tokens agree."""
+    rows = []
+    for batch, n in ((1, 8), (8, len(prompts))):
+        run = {}
+        for name, spec in (("plain", None), ("ngram k=4", SPECULATIVE)):
+            llm = LLM.from_params(cfg, params, None, max_num_seqs=batch, speculative=spec)
+            sps = [SamplingParams(max_tokens=m, ignore_eos=True) for m in outs[:n]]
+            start = time.perf_counter()
+            results = llm.generate(prompts[:n], sps, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            st = llm.stats()
+            run[name] = dict(seconds=seconds, tokens_per_s=sum(outs[:n]) / seconds,
+                             tokens=[o.token_ids for o in results],
+                             drafted=st["spec_draft_tokens"], accepted=st["spec_accepted_tokens"])
+        plain, spec = run["plain"], run["ngram k=4"]
+        rows.append(dict(max_num_seqs=batch, requests=n, plain_tokens_per_s=plain["tokens_per_s"],
+                         spec_tokens_per_s=spec["tokens_per_s"],
+                         speedup=spec["tokens_per_s"] / plain["tokens_per_s"],
+                         drafted=spec["drafted"], accepted=spec["accepted"],
+                         same_tokens=sum(a == b for a, b in zip(plain["tokens"], spec["tokens"]))))
+    return rows
+
+
 SMALL_M = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
@@ -163,7 +223,7 @@ def small_m_table(params, repeats=5):
     return table
 
 
-def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True):
+def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True):
     from transformer_lab.pretrained.gguf import find_model, load_gguf
     from transformer_lab.serve import LLM, SamplingParams, chat_prompt
     cfg, params, tokenizer = load_gguf(find_model())
@@ -192,13 +252,17 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True):
             a == b for a, b in zip(tokens, reference))
     result["static_s"] = static_batching(params, cfg, prompts, outs, max_num_seqs)
     result["one_by_one_s"] = one_by_one(params, cfg, prompts, outs)
+    result["hf_static_s"] = hf_static_batches(prompts, outs, max_num_seqs) if hf else None
     tps = lambda s: generated / s  # noqa: E731
     result["tokens_per_s"] = {"one_by_one": tps(result["one_by_one_s"]),
                               "static": tps(result["static_s"]),
+                              **({"hf_static": tps(result["hf_static_s"])}
+                                 if result["hf_static_s"] else {}),
                               **{k: tps(v) for k, v in result["engine_s"].items()}}
     t = result["tokens_per_s"]
     result["engine_vs_one_by_one"] = t["mixed"] / t["one_by_one"]
     result["engine_vs_static"] = t["mixed"] / t["static"]
+    result["engine_vs_hf"] = t["mixed"] / t["hf_static"] if "hf_static" in t else None
     result["invariant_cost"] = result["engine_s"]["batch_invariant"] / result["engine_s"]["mixed"]
     step1, gathered1 = decode_steps(LLM, SamplingParams, cfg, params, prompts, 1)
     step16, gathered16 = decode_steps(LLM, SamplingParams, cfg, params, prompts, 16)
@@ -207,6 +271,7 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True):
     result["gathered_bytes_per_step_16"] = gathered16
     context = int(np.mean([len(p) for p in prompts[:16]])) + 6
     result["gather_s_16"] = gather_cost(cfg, 16, context)
+    result["speculation"] = speculation_rows(LLM, SamplingParams, cfg, params, prompts, outs)
     if small_m:
         result["small_m_ms"] = small_m_table(params)
     return result
@@ -225,6 +290,9 @@ def print_serving(out, r):
     out.table(["figure", "value"], [
         ["engine / one by one (target >= 5)", f"{r['engine_vs_one_by_one']:.2f}x"],
         ["engine / static batching (target >= 1.3)", f"{r['engine_vs_static']:.2f}x"],
+        ["engine / HF transformers static (target >= 2)",
+         "not run (no torch + transformers)" if r.get("engine_vs_hf") is None
+         else f"{r['engine_vs_hf']:.2f}x"],
         ["decode step B=16 / B=1 (target <= 2.5)",
          f"{r['decode_step_ratio_16_vs_1']:.2f} ({r['decode_step_s']['16'] * 1e3:.1f} / "
          f"{r['decode_step_s']['1'] * 1e3:.1f} ms)"],
@@ -242,8 +310,45 @@ def print_serving(out, r):
         ["same tokens as mixed", ", ".join(f"{k} {v}/{r['requests']}"
                                            for k, v in r["same_tokens_as_mixed"].items())],
     ])
+    if r.get("speculation"):
+        out.table(["max_num_seqs", "requests", "plain tok/s", "ngram k=4 tok/s", "speedup",
+                   "accepted / drafted", "same tokens"],
+                  [[str(x["max_num_seqs"]), str(x["requests"]), f"{x['plain_tokens_per_s']:.1f}",
+                    f"{x['spec_tokens_per_s']:.1f}", f"{x['speedup']:.2f}x",
+                    f"{x['accepted']} / {x['drafted']}", f"{x['same_tokens']}/{x['requests']}"]
+                   for x in r["speculation"]],
+                  caption="the engine with n-gram speculation on this workload (greedy)")
     if "small_m_ms" in r:
         kinds = list(next(iter(r["small_m_ms"].values())))
         out.table(["M"] + kinds, [[str(m)] + [f"{v[k]:.1f}" for k in kinds]
                                   for m, v in r["small_m_ms"].items()],
                   caption="ms for the 30 layers' four products (median, side by side)")
+
+
+ENGINE_VS_ONE_BY_ONE_MIN, ENGINE_VS_STATIC_MIN, ENGINE_VS_HF_MIN = 5.0, 1.3, 2.0
+STEP_RATIO_MAX, KV_WASTE_MAX_PCT = 2.5, 5.0
+
+
+def serving_targets(r):
+    """The engine issue's targets, read from one run_serving result."""
+    kv, hf = r["kv"], r.get("engine_vs_hf")
+    return [
+        {"name": "serving: engine vs one request at a time (generate_stream)",
+         "target": f">= {ENGINE_VS_ONE_BY_ONE_MIN:.0f}x", "measured": r["engine_vs_one_by_one"],
+         "measured_text": f"{r['engine_vs_one_by_one']:.2f}x",
+         "met": r["engine_vs_one_by_one"] >= ENGINE_VS_ONE_BY_ONE_MIN},
+        {"name": "serving: engine vs static batching", "target": f">= {ENGINE_VS_STATIC_MIN}x",
+         "measured": r["engine_vs_static"], "measured_text": f"{r['engine_vs_static']:.2f}x",
+         "met": r["engine_vs_static"] >= ENGINE_VS_STATIC_MIN},
+        {"name": "serving: engine vs HF transformers' batched generate",
+         "target": f">= {ENGINE_VS_HF_MIN:.0f}x", "measured": hf,
+         "measured_text": "not run: needs torch and transformers" if hf is None
+         else f"{hf:.2f}x", "met": None if hf is None else hf >= ENGINE_VS_HF_MIN},
+        {"name": "serving: decode step at B=16 vs B=1", "target": f"<= {STEP_RATIO_MAX}x",
+         "measured": r["decode_step_ratio_16_vs_1"],
+         "measured_text": f"{r['decode_step_ratio_16_vs_1']:.2f}x",
+         "met": r["decode_step_ratio_16_vs_1"] <= STEP_RATIO_MAX},
+        {"name": "serving: KV slots held but unused at the peak (blocks of 16)",
+         "target": f"< {KV_WASTE_MAX_PCT:.0f} %", "measured": kv["waste_pct"],
+         "measured_text": f"{kv['waste_pct']:.2f} %", "met": kv["waste_pct"] < KV_WASTE_MAX_PCT},
+    ]

@@ -14,7 +14,7 @@ from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
 from .bench_attention import run_attention
 from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
 from .bench_online import print_online, run_online
-from .bench_serving import print_serving, run_serving
+from .bench_serving import print_serving, run_serving, serving_targets
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
@@ -111,6 +111,8 @@ def evaluate_targets(results):
             targets.append(_vs_torch_target(name, results[section], limit))
     if results.get("speculative"):
         targets += speculative_targets(results["speculative"])
+    if results.get("serving"):
+        targets += serving_targets(results["serving"])
     dec = results.get("decode")
     if dec:
         lin = dec.get("linearity")

@@ -7,7 +7,12 @@ the model's own generate() (a batch runs until its longest request is done, its
 prompts padded to the longest), and by the serving engine
 (transformer_lab.serve.LLM) that re-forms the batch every step. Then the engine's
 throughput against max_num_seqs, explained by measured step times, and the
-batch-invariance experiment: one prompt among changing batch-mates.
+batch-invariance experiment: one prompt among changing batch-mates. Last, latency
+against throughput as the request rate grows: the same workload arriving as a
+Poisson stream, served one request at a time, in static batches and continuously,
+replayed on the engine's own clock (serve.bench.replay: each step moves the clock
+by the time it measured), at rates set from the measured capacity of one-at-a-time
+serving.
 
 Timings are measured on the spot (one BLAS thread: the matrices are small and the
 machine may be busy); the tests check the counts and the consistency of every
@@ -15,6 +20,7 @@ claim, never a timing value.
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -25,7 +31,7 @@ from console import fmt_float, fmt_num, fmt_time, print_observations, print_sect
 from transformer_lab import init_params, llama_config, named_params
 from transformer_lab.generation import generate_stream
 from transformer_lab.measure import blas_threads
-from transformer_lab.serve import LLM, SamplingParams
+from transformer_lab.serve import LLM, SamplingParams, bench
 
 NUMBER = 14
 SEED = 14
@@ -40,6 +46,10 @@ SWEEP, QUICK_SWEEP = (1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16)
 STEP_PROMPT, STEP_DECODES, QUICK_STEP_DECODES = 32, 16, 8  # the step-time measurement
 INV_RUNS, QUICK_INV_RUNS = 8, 4  # runs of the target prompt among changing batch-mates
 INV_TOKENS, QUICK_INV_TOKENS = 32, 16
+# Request rates as multiples of one-at-a-time serving's capacity (requests/s it can finish).
+RATE_FACTORS, QUICK_RATE_FACTORS = (0.5, 1, 2, 4, 8), (0.5, 2, 8)
+REPLAYS = 2  # each replay runs this many times; the least disturbed (shortest) one is kept
+BATCHINGS = ("none", "static", "continuous")
 
 TITLE = {"zh": "连续批处理：静态批对迭代级调度", "en": "Continuous batching vs static batches"}
 TEXT = {
@@ -93,6 +103,21 @@ TEXT = {
         "obs_inv_why": "位差来自 BLAS 按矩阵形状选内核和分块：批伙伴改变了行数，同一行的乘积"
                        "累加顺序就变了。batch_invariant=True 把每个乘积固定为 {rows} 行一块，"
                        "注意力按每个序列自己的 key 计算，一行的结果就与批伙伴无关。",
+        "online": "延迟对请求率：同一负载按泊松过程到达（在引擎自己的时钟上重放）",
+        "online_note": "一次只服务一个请求时，整份负载用了 {busy}，即最多 {mu} 请求/秒；请求率"
+                       "取它的 {factors} 倍。每一步让时钟前进它实测的用时。",
+        "rate": "请求/秒", "batching": "批处理", "out_tput": "输出 tok/s",
+        "b_none": "一次一个", "b_static": "静态批", "b_continuous": "连续批",
+        "obs_online_queue": "一次一个请求最多每秒服务 {mu} 个请求（平均每个 {alone}）；请求率到 "
+                            "{r} 请求/秒时，它的 TTFT p99 是 {n99}，是单个请求用时的 {q} 倍，连续批"
+                            "是 {c99}：超过容量以后，请求的时间大多花在排队上。",
+        "obs_online_tput": "在最高请求率 {r} 请求/秒下，连续批每秒输出 {ct} 个 token，是一次一个"
+                           "（{nt}）的 {x} 倍；一次一个的速度有上限，就是请求首尾相接时的速度，"
+                           "再多的请求只会让队伍更长。",
+        "obs_online_static": "静态批在同一请求率下 TTFT p99 为 {s99}：新请求要等整批跑完才能进入，"
+                             "连续批在下一步就接纳它。",
+        "obs_online_static_ok": "静态批在同一请求率下 TTFT p99 为 {s99}，没有比连续批（{c99}）"
+                                "更差：这次的到达恰好和批的边界对齐。",
     },
     "en": {
         "setup": "A small random Llama-style model (float32, {L} layers, d={d}, vocab {V}). "
@@ -158,13 +183,40 @@ TEXT = {
                        "products are summed in. batch_invariant=True runs every product in "
                        "blocks of exactly {rows} rows and attention over each sequence's own "
                        "keys, so a row's result no longer depends on its batch-mates.",
+        "online": "Latency against request rate: the workload arriving as a Poisson stream "
+                  "(replayed on the engine's own clock)",
+        "online_note": "One request at a time took {busy} for the whole workload, so it can "
+                       "serve at most {mu} requests/s; the rates are {factors}× that. Each step "
+                       "moves the clock on by the time it measured.",
+        "rate": "req/s", "batching": "batching", "out_tput": "output tok/s",
+        "b_none": "one at a time", "b_static": "static", "b_continuous": "continuous",
+        "obs_online_queue": "One request at a time can serve at most {mu} requests/s ({alone} "
+                            "a request on average); at {r} requests/s its TTFT p99 is {n99}, "
+                            "{q}× that, against {c99} for continuous batching: past its "
+                            "capacity a request spends most of its time in the queue.",
+        "obs_online_tput": "At the highest rate, {r} requests/s, continuous batching outputs {ct} "
+                           "tokens/s, {x}× one request at a time ({nt}), which can go no faster "
+                           "than it does with requests back to back: more requests only "
+                           "lengthen its queue.",
+        "obs_online_static": "Static batching's TTFT p99 at that rate is {s99}: a newcomer waits "
+                             "for the whole running batch to finish, where the engine admits it "
+                             "at the next step.",
+        "obs_online_static_ok": "Static batching's TTFT p99 at that rate is {s99}, no worse than "
+                                "continuous batching's ({c99}): this run's arrivals happened to "
+                                "fit its batch boundaries.",
     },
 }
 FIG_TEXT = {
     "zh": {"title": "吞吐对 max_num_seqs（实测）", "x": "max_num_seqs", "y": "生成 token/s",
-           "engine": "连续批（引擎）", "static": "静态批，B={B}"},
+           "engine": "连续批（引擎）", "static": "静态批，B={B}",
+           "lat_title": "延迟与吞吐对请求率（实测，引擎时钟）", "rate": "请求率（请求/秒）",
+           "ttft": "TTFT p99（秒）", "tput": "输出 token/s",
+           "b_none": "一次一个", "b_static": "静态批", "b_continuous": "连续批"},
     "en": {"title": "Throughput against max_num_seqs (measured)", "x": "max_num_seqs",
-           "y": "generated tokens/s", "engine": "continuous (engine)", "static": "static, B={B}"},
+           "y": "generated tokens/s", "engine": "continuous (engine)", "static": "static, B={B}",
+           "lat_title": "Latency and throughput against request rate (measured, engine clock)",
+           "rate": "request rate (requests/s)", "ttft": "TTFT p99 (s)", "tput": "output tokens/s",
+           "b_none": "one at a time", "b_static": "static", "b_continuous": "continuous"},
 }
 
 
@@ -307,6 +359,34 @@ def alone_index(output):
     return int(output.request_id)
 
 
+# ---------------------------------------------------------------- latency against request rate
+
+def online(params, cfg, prompts, outs, factors, batch=BATCH):
+    """The workload as Poisson arrivals at factors × one-at-a-time's capacity, replayed for
+    each batching on a fresh engine (serve.bench.replay). The capacity: requests finished
+    per second of engine time when one request at a time serves the workload."""
+    requests = [(p, SamplingParams(max_tokens=n)) for p, n in zip(prompts, outs)]
+
+    def make():
+        return LLM.from_params(cfg, params, max_num_seqs=batch)
+
+    def least_disturbed(rate, batching):
+        runs = [bench.measure_replay(make, requests, [rate], batching=batching, seed=SEED)[0]
+                for _ in range(REPLAYS)]
+        return min(runs, key=lambda r: r["duration_s"])
+    bench.replay(make(), requests[:4], [0.0] * 4)  # a warm-up: first calls cost more
+    back_to_back = least_disturbed(math.inf, "none")  # all at t=0, one at a time: no idling
+    busy = back_to_back["duration_s"]
+    capacity = len(requests) / busy
+    rates = [f * capacity for f in factors]
+    rows = {b: [least_disturbed(rate, b) for rate in rates] for b in BATCHINGS}
+    keep = ("rate", "completed", "output_tokens", "output_throughput", "ttft_p50", "ttft_p99",
+            "tpot_p50", "tpot_p99", "duration_s")
+    return {"capacity": capacity, "busy_s": busy, "factors": list(factors), "rates": rates,
+            "capacity_tokens_per_s": back_to_back["output_throughput"],
+            "rows": {b: [{k: r[k] for k in keep} for r in rs] for b, rs in rows.items()}}
+
+
 # ---------------------------------------------------------------- compute
 
 def compute(quick=False):
@@ -326,6 +406,7 @@ def compute(quick=False):
         steps = [{"B": b, "seconds": step_seconds(params, cfg, b, k)} for b in sweep]
         runs, tokens = (QUICK_INV_RUNS, QUICK_INV_TOKENS) if quick else (INV_RUNS, INV_TOKENS)
         inv = [invariance(params, cfg, prompts, outs, runs, tokens, mode) for mode in (False, True)]
+        lat = online(params, cfg, prompts, outs, QUICK_RATE_FACTORS if quick else RATE_FACTORS)
     for r in rows:
         r["gain"] = r["throughput"] / rows[0]["throughput"]
     for s in steps:
@@ -349,7 +430,16 @@ def compute(quick=False):
         "step_sublinear": top["ratio"] < top["B"] / 2,
         "weight_bytes": int(sum(w.nbytes for _, w in named_params(params))),
         "invariance": inv, "invariant_rows": INVARIANT_ROWS,
+        "online": lat, **online_verdicts(lat),
     }
+
+
+def online_verdicts(lat):
+    """What the text says of the latency sweep, read at the highest rate."""
+    top = {b: rows[-1] for b, rows in lat["rows"].items()}
+    return {"online_speedup": top["continuous"]["output_throughput"]
+            / top["none"]["output_throughput"],
+            "online_static_worse": top["static"]["ttft_p99"] > top["continuous"]["ttft_p99"]}
 
 
 # ---------------------------------------------------------------- render
@@ -427,6 +517,31 @@ def render(result, lang="zh"):
                           bits_t=on["bit_diff"], toks_t=on["token_diff"]),
         t["obs_inv_why"].format(rows=result["invariant_rows"]),
     ]
+    lat = result["online"]
+    print_section(t["online"])
+    print_text(t["online_note"].format(busy=fmt_time(lat["busy_s"]), mu=f"{lat['capacity']:.1f}",
+                                       factors=", ".join(f"{f:g}" for f in lat["factors"])),
+               style="dim")
+    print_table([t["rate"], t["batching"], t["out_tput"], t["ttft50"], t["ttft99"], t["tpot50"]],
+                [[f"{r['rate']:.1f}", t["b_" + b],
+                  int(round(r["output_throughput"])), fmt_time(r["ttft_p50"]),
+                  fmt_time(r["ttft_p99"]), fmt_time(r["tpot_p50"])]
+                 for i in range(len(lat["rates"])) for b in BATCHINGS
+                 for r in [lat["rows"][b][i]]])
+    top = {b: rows[-1] for b, rows in lat["rows"].items()}
+    alone = lat["busy_s"] / result["workload"]["requests"]
+    obs.append(t["obs_online_queue"].format(mu=f"{lat['capacity']:.1f}", alone=fmt_time(alone),
+                                            q=f"{top['none']['ttft_p99'] / alone:.0f}",
+                                            r=f"{top['none']['rate']:.1f}",
+                                            n99=fmt_time(top["none"]["ttft_p99"]),
+                                            c99=fmt_time(top["continuous"]["ttft_p99"])))
+    obs.append(t["obs_online_tput"].format(r=f"{top['none']['rate']:.1f}",
+                                           ct=f"{top['continuous']['output_throughput']:.0f}",
+                                           nt=f"{top['none']['output_throughput']:.0f}",
+                                           x=_x(result["online_speedup"])))
+    obs.append(t["obs_online_static" if result["online_static_worse"] else
+                 "obs_online_static_ok"].format(s99=fmt_time(top["static"]["ttft_p99"]),
+                                                c99=fmt_time(top["continuous"]["ttft_p99"])))
     print_observations(obs)
 
 
@@ -448,7 +563,33 @@ def figures(result, lang="zh"):
     ax.set_ylabel(t["y"])
     ax.legend()
     fig.suptitle(t["title"])
-    return {"throughput": fig}
+    return {"throughput": fig, "latency": latency_figure(result, t)}
+
+
+def latency_figure(result, t):
+    """TTFT p99 and output tokens/s against the request rate, one line per batching."""
+    from _figures import new_figure
+    lat = result["online"]
+    fig, (left, right) = new_figure(ncols=2, size=(10.0, 4.5))
+    styles = {"none": ("tab:red", "v-"), "static": ("tab:orange", "s-"),
+              "continuous": ("tab:blue", "o-")}
+    for b in BATCHINGS:
+        colour, marker = styles[b]
+        rows = lat["rows"][b]
+        label = t["b_" + b]
+        left.plot(lat["rates"], [r["ttft_p99"] for r in rows], marker, color=colour,
+                  label=label, gid=f"ttft_{b}")
+        right.plot(lat["rates"], [r["output_throughput"] for r in rows], marker, color=colour,
+                   label=label, gid=f"tput_{b}")
+    for ax, ylabel in ((left, t["ttft"]), (right, t["tput"])):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(t["rate"])
+        ax.set_ylabel(ylabel)
+    left.set_yscale("log")
+    right.set_ylim(bottom=0)
+    left.legend()
+    fig.suptitle(t["lat_title"])
+    return fig
 
 
 if __name__ == "__main__":

@@ -164,7 +164,8 @@ def test_other_wordings(quick):
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_figures_are_written(quick, tmp_path, lang):
     names = written_without_missing_glyphs(D14, quick, tmp_path, lang)
-    assert names == ["14_continuous_batching_throughput.png", "14_continuous_batching_throughput.svg"]
+    assert names == ["14_continuous_batching_latency.png", "14_continuous_batching_latency.svg",
+                     "14_continuous_batching_throughput.png", "14_continuous_batching_throughput.svg"]
 
 
 def test_figure_plots_the_measured_sweep(quick):
@@ -173,3 +174,57 @@ def test_figure_plots_the_measured_sweep(quick):
     lines = {ln.get_gid(): ln for ln in fig.axes[0].get_lines()}
     assert list(lines["engine"].get_ydata()) == [r["throughput"] for r in quick["sweep"]]
     assert list(lines["static"].get_ydata()) == [quick["static"]["throughput"]]
+
+
+# ---------------------------------------------------------------- latency against request rate
+
+def test_the_rate_sweep_serves_the_whole_workload_at_each_rate(quick):
+    lat, w = quick["online"], quick["workload"]
+    assert lat["factors"] == list(D14.QUICK_RATE_FACTORS)
+    assert lat["rates"] == pytest.approx([f * lat["capacity"] for f in lat["factors"]])
+    assert lat["capacity"] == pytest.approx(w["requests"] / lat["busy_s"])
+    assert set(lat["rows"]) == set(D14.BATCHINGS)
+    for rows in lat["rows"].values():
+        assert [r["rate"] for r in rows] == lat["rates"]
+        for r in rows:
+            assert r["completed"] == w["requests"] and r["output_tokens"] == w["output_tokens"]
+            assert r["ttft_p50"] <= r["ttft_p99"] and r["output_throughput"] > 0
+
+
+def test_the_rate_verdicts_agree_with_the_rows(quick):
+    top = {b: rows[-1] for b, rows in quick["online"]["rows"].items()}
+    assert quick["online_speedup"] == pytest.approx(top["continuous"]["output_throughput"]
+                                                    / top["none"]["output_throughput"])
+    assert quick["online_static_worse"] == (top["static"]["ttft_p99"]
+                                            > top["continuous"]["ttft_p99"])
+
+
+def test_the_rate_observations_quote_the_rows(quick):
+    from console import fmt_time
+    lat = quick["online"]
+    top = {b: rows[-1] for b, rows in lat["rows"].items()}
+    text = flat(rendered_text(D14, quick, "en"))
+    alone = lat["busy_s"] / quick["workload"]["requests"]
+    assert f"at most {lat['capacity']:.1f} requests/s ({fmt_time(alone)} a request" in text
+    assert (f"its TTFT p99 is {fmt_time(top['none']['ttft_p99'])}, "
+            f"{top['none']['ttft_p99'] / alone:.0f}× that") in text
+    assert (f"outputs {top['continuous']['output_throughput']:.0f} tokens/s, "
+            f"{quick['online_speedup']:.2f}× one request at a time "
+            f"({top['none']['output_throughput']:.0f})") in text
+    assert ("a newcomer waits" in text) == quick["online_static_worse"]
+    r = copy.deepcopy(quick)
+    r["online_static_worse"] = not r["online_static_worse"]
+    assert ("a newcomer waits" in flat(rendered_text(D14, r, "en"))) == r["online_static_worse"]
+    zh = flat(rendered_text(D14, quick, "zh"))
+    assert f"的 {quick['online_speedup']:.2f} 倍" in zh
+
+
+def test_latency_figure_plots_the_rows(quick):
+    pytest.importorskip("matplotlib")
+    fig = D14.figures(quick, "en")["latency"]
+    left, right = fig.axes
+    ttft = {ln.get_gid(): ln for ln in left.get_lines()}
+    tput = {ln.get_gid(): ln for ln in right.get_lines()}
+    for b, rows in quick["online"]["rows"].items():
+        assert list(ttft[f"ttft_{b}"].get_ydata()) == [r["ttft_p99"] for r in rows]
+        assert list(tput[f"tput_{b}"].get_ydata()) == [r["output_throughput"] for r in rows]

@@ -101,3 +101,55 @@ def test_online_section_reads_its_target_and_goodput_floor():
               "goodput_below_floor_at": 1.0}
     assert len(bench_online.table_rows(result)) == 5
     bench_online.print_online(Output(quiet=True), result)
+
+
+# ---------------------------------------------------------------- replay on the engine's clock
+
+def replay_requests(n=6, max_tokens=5):
+    from transformer_lab.serve import SamplingParams
+    return [(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            for p in prompts(n, seed=11)]
+
+
+@pytest.mark.parametrize("batching", ["continuous", "static", "none"])
+def test_replay_serves_every_request_whole(batching):
+    reqs = replay_requests()
+    results, duration = bench.replay(tiny_llm(max_num_seqs=4), reqs, [0.0] * len(reqs),
+                                     batching=batching)
+    assert all(r.ok and r.output_tokens == 5 and r.finish_reason == "length" for r in results)
+    assert all(0 < r.ttft <= r.e2e <= duration for r in results)
+    assert all(len(r.itl) == 4 for r in results)  # one delivery a step after the first
+    assert bench.summarize(results, duration)["completed"] == len(reqs)
+
+
+def test_replay_one_at_a_time_never_overlaps_and_static_waits_for_the_batch():
+    reqs = replay_requests()
+    results, _ = bench.replay(tiny_llm(max_num_seqs=4), reqs, [0.0] * 6, batching="none")
+    ends = sorted(r.e2e for r in results)
+    firsts = sorted(r.ttft for r in results)
+    assert all(firsts[i + 1] > ends[i] for i in range(5))  # request i+1 starts after i ends
+    results, _ = bench.replay(tiny_llm(max_num_seqs=4), reqs, [0.0] * 6, batching="static")
+    first_batch_end = max(r.e2e for r in results[:4])
+    assert all(r.ttft > first_batch_end for r in results[4:])  # 4 first, then the other 2
+
+
+def test_replay_idles_until_the_next_arrival():
+    reqs = replay_requests(2)
+    results, duration = bench.replay(tiny_llm(), reqs, [0.0, 50.0])
+    assert results[1].send_time == 50.0 and duration > 50.0
+    assert results[1].ttft < 50.0  # its wait starts at its arrival, not at the run's start
+
+
+def test_replay_refuses_what_it_cannot_run():
+    reqs = replay_requests(2)
+    with pytest.raises(ValueError, match="batching must be one of"):
+        bench.replay(tiny_llm(), reqs, [0.0, 0.0], batching="sometimes")
+    with pytest.raises(ValueError, match="2 requests but 1 arrival"):
+        bench.replay(tiny_llm(), reqs, [0.0])
+
+
+def test_measure_replay_gives_one_row_per_rate():
+    rows = bench.measure_replay(lambda: tiny_llm(max_num_seqs=4), replay_requests(), [1.0, 100.0],
+                                batching="continuous", seed=2)
+    assert [r["rate"] for r in rows] == [1.0, 100.0]
+    assert all(r["completed"] == 6 and r["output_tokens"] == 30 for r in rows)

@@ -21,6 +21,10 @@ side times it, as a user would see it:
 Output tokens are the usage the server reports. Goodput counts the requests that met
 every SLO (default TTFT <= 2 s and TPOT <= 100 ms) per second of the run.
 
+replay and measure_replay run the same load on the engine in this thread, on a
+clock that moves by the measured time of each step: a demo measures scheduling
+there on a small model in seconds, without a tokenizer, a port or a client's noise.
+
 Only loopback addresses are ever targeted (anything else raises ValueError), and
 every loop is bounded: one thread per request, each with a timeout.
 """
@@ -33,6 +37,7 @@ import json
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -190,6 +195,58 @@ def run_load(url, specs, arrivals, *, api_key=None, timeout=600.0):
     return results, duration
 
 
+def replay(llm, requests, arrivals, *, batching="continuous"):
+    """The load on the engine's own clock, in this thread: requests [(prompt ids,
+    SamplingParams)] join at their arrival times (seconds), every engine step moves the
+    clock on by the seconds it measured, and an idle engine jumps to the next arrival.
+    No HTTP, no threads, no sleeping: the latencies are what the engine's work makes them,
+    free of a busy client's noise. batching as the server's: "continuous" adds a request
+    when it arrives; "static" adds up to max_num_seqs queued ones when the engine is idle;
+    "none" one at a time. ([RequestResult] in request order, duration)."""
+    from .engine_loop import BATCHING
+    if batching not in BATCHING:
+        raise ValueError(f"replay: batching must be one of {', '.join(BATCHING)}, "
+                         f"got {batching!r}")
+    if len(arrivals) != len(requests):
+        raise ValueError(f"replay: {len(requests)} requests but {len(arrivals)} arrival times")
+    arrivals = [float(a) for a in arrivals]
+    pending = deque(sorted(range(len(requests)), key=lambda i: arrivals[i]))  # not yet arrived
+    queued = deque()  # arrived, held back by static or one-at-a-time batching
+    results = [RequestResult(i, ok=False, send_time=arrivals[i],
+                             prompt_tokens=len(requests[i][0])) for i in range(len(requests))]
+    live = {}  # index -> (Sequence, the time of its last delivery)
+    batch = 1 if batching == "none" else llm.max_num_seqs
+    clock = 0.0
+    while pending or queued or live:
+        while pending and arrivals[pending[0]] <= clock:
+            queued.append(pending.popleft())
+        if batching == "continuous" or not live:
+            for _ in range(len(queued) if batching == "continuous" else min(batch, len(queued))):
+                i = queued.popleft()
+                live[i] = (llm.add_request(*requests[i]), None)
+        if not live:
+            clock = arrivals[pending[0]]
+            continue
+        start = time.perf_counter()
+        llm.step()
+        clock += time.perf_counter() - start
+        for i, (seq, last) in list(live.items()):
+            r = results[i]
+            new = len(seq.output_token_ids) - r.output_tokens
+            if new:
+                if last is None:
+                    r.ttft = clock - arrivals[i]
+                else:
+                    r.itl.append(clock - last)
+                r.output_tokens += new
+                live[i] = (seq, clock)
+            if seq.is_finished:
+                r.ok, r.finish_reason = True, seq.finish_reason
+                r.e2e = clock - arrivals[i]
+                del live[i]
+    return results, clock
+
+
 def _percentiles(values, name):
     if not values:
         return {f"{name}_mean": None, f"{name}_p50": None, f"{name}_p99": None}
@@ -242,11 +299,25 @@ def measure(make_llm, specs, rates, *, batching="continuous", burstiness=1.0, se
     a fresh engine, make_llm() (so no run finds the last one's prefixes in its cache), behind
     a fresh server with the given batching. The same seed gives every batching the same
     arrival trace. on_result(summary) is called after each rate."""
+    def run(times):
+        with serving(make_llm(), batching=batching) as url:
+            return run_load(url, specs, times, timeout=timeout)
+    return _per_rate(run, len(specs), rates, batching, burstiness, seed, slo, on_result)
+
+
+def measure_replay(make_llm, requests, rates, *, batching="continuous", burstiness=1.0,
+                   seed=0, slo=None, on_result=None) -> list[dict]:
+    """measure() on the engine's own clock: requests [(prompt ids, SamplingParams)] through
+    replay(), a fresh engine per rate, the same arrival trace for every batching."""
+    def run(times):
+        return replay(make_llm(), requests, times, batching=batching)
+    return _per_rate(run, len(requests), rates, batching, burstiness, seed, slo, on_result)
+
+
+def _per_rate(run, n, rates, batching, burstiness, seed, slo, on_result):
     rows = []
     for rate in rates:
-        times = arrival_times(len(specs), rate, burstiness, seed)
-        with serving(make_llm(), batching=batching) as url:
-            results, duration = run_load(url, specs, times, timeout=timeout)
+        results, duration = run(arrival_times(n, rate, burstiness, seed))
         row = {"rate": rate, "batching": batching, "burstiness": burstiness,
                **summarize(results, duration, slo)}
         rows.append(row)
