@@ -22,11 +22,14 @@ The design, one job per file (after nano-vllm's layout, our own code):
                   mix_prefill_decode=False alternates as nano-vllm, for comparison). A
                   decode that finds no free block preempts the newest running sequence,
                   which is recomputed later.
+- speculative_config.py  LLM(speculative={"method": "ngram", "num_speculative_tokens": k})
+                  in vLLM's names: each decoding sequence drafts with NgramDraft and its
+                  chunk verifies the drafts in the same step (a ragged verify batch).
 - model_runner.py ModelRunner: one forward() of the model itself per step over the
                   step's tokens concatenated [1, N] (no padding), with a StepCache that
                   stores K/V into the pool ([num_blocks, block_size, G, D] per layer) and
-                  attends: prefill chunks one by one, all decodes at once over their
-                  blocks gathered per step, each at its own position.
+                  attends: prefill chunks one by one, decodes and verify chunks a group
+                  at a time over their blocks gathered per step, each at its own position.
 - llm.py          LLM: checks requests (ValueError naming the request), adds them, steps
                   until done, samples each request with its own seeded generator,
                   collects outputs in prompt order with vLLM's metrics; a rich progress
