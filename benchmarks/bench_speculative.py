@@ -36,7 +36,8 @@ def run_speculative(profile_new_tokens=64, prompts_per_kind=2, *, ngram_ks=NGRAM
     with blas_threads(threads) as before:
         result = {"new_tokens": profile_new_tokens, "blas_threads": threads if before else None,
                   "draft_layers": DRAFT_LAYERS, "near_tie": NEAR_TIE, "rows": [], "plain": [],
-                  "timing": "one greedy run each; decode tokens/s after each run's prefill"}
+                  "timing": "one greedy run each, plain decode before and after them (their "
+                            "mean is the baseline); decode tokens/s after each run's prefill"}
         prompts = [(kind, text) for kind, texts in PROMPTS.items()
                    for text in texts[:prompts_per_kind]]
         encoded = [np.array([tokenizer.encode(chat_prompt([], text))]) for _, text in prompts]
@@ -57,6 +58,7 @@ def run_speculative(profile_new_tokens=64, prompts_per_kind=2, *, ngram_ks=NGRAM
                 result["early_exit"][kind] = early_exit_acceptance(params, cfg, plain["tokens"], T)
             methods = [("ngram", NgramDraft(max_n=3, min_n=1), ngram_ks),
                        (f"{self_draft.cfg.n_layers} layers", self_draft, model_ks)]
+            rows = []
             for method, draft, ks in methods:
                 for k in ks:
                     row = speculative_run(params, cfg, prompt, n, draft, k, plain)
@@ -64,8 +66,17 @@ def run_speculative(profile_new_tokens=64, prompts_per_kind=2, *, ngram_ks=NGRAM
                         gaps_checked += 1
                         ties += bool(gaps[row["first_difference"]] < NEAR_TIE)
                     row.pop("tokens")
-                    result["rows"].append({"kind": kind, "prompt": text[:40], "method": method,
-                                           **row})
+                    rows.append({"kind": kind, "prompt": text[:40], "method": method, **row})
+            # Plain decode again after the speculative runs: each speedup is against the
+            # mean of the plain rates measured before and after it, so a drift of the
+            # machine's speed during the runs does not land on one side only.
+            again = plain_run(params, cfg, prompt, n)["tokens_per_s"]
+            plain_rate = (plain["tokens_per_s"] + again) / 2
+            result["plain"][-1].update(tokens_per_s=plain_rate,
+                                       tokens_per_s_runs=[plain["tokens_per_s"], again])
+            for row in rows:
+                row["speedup"] = row["tokens_per_s"] / plain_rate
+            result["rows"] += rows
         result["differing_runs"] = gaps_checked
         result["differing_after_near_tie"] = ties
     return result

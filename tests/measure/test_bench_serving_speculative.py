@@ -1,0 +1,72 @@
+"""The serving and speculative benchmark sections' own arithmetic, on a tiny model or on
+made-up figures: the targets read what they say, the tables print, the speculative rows
+compare against the plain rate measured before and after them. No timing is asserted."""
+import numpy as np
+import pytest
+
+from api_helpers import tiny_config, toy_tokenizer
+from benchmarks import bench_serving, bench_speculative
+from benchmarks.output import Output
+from transformer_lab.params import init_params
+
+
+def serving_result(**overrides):
+    r = {"requests": 2, "generated_tokens": 100, "prompt_tokens": [4, 9], "output_tokens": [40, 60],
+         "max_num_seqs": 2, "tokens_per_s": {"one_by_one": 10.0, "static": 30.0, "mixed": 60.0},
+         "engine_vs_one_by_one": 6.0, "engine_vs_static": 2.0, "engine_vs_hf": None,
+         "decode_step_ratio_16_vs_1": 2.0, "decode_step_s": {"1": 0.01, "16": 0.02},
+         "gathered_bytes_per_step_16": 2**20, "gather_s_16": 0.001,
+         "kv": {"waste_pct": 3.0, "tokens_used": 97, "slots_held": 100,
+                "contiguous_max_seq_slots": 1000},
+         "stats": {"prefix_hit_tokens": 0}, "invariant_cost": 1.1, "ttft_median_s": 0.5,
+         "tpot_median_s": 0.05, "same_tokens_as_mixed": {"mixed": 2},
+         "speculation": [{"max_num_seqs": 1, "requests": 2, "plain_tokens_per_s": 10.0,
+                          "spec_tokens_per_s": 12.0, "speedup": 1.2, "drafted": 10,
+                          "accepted": 5, "same_tokens": 2}]}
+    r.update(overrides)
+    return r
+
+
+def test_serving_targets_read_the_result():
+    targets = {t["name"]: t for t in bench_serving.serving_targets(serving_result())}
+    assert len(targets) == 5
+    met = {name.split(": ", 1)[1]: t["met"] for name, t in targets.items()}
+    assert met["engine vs one request at a time (generate_stream)"] is True
+    assert met["engine vs HF transformers' batched generate"] is None  # not run
+    assert all(v in (True, None) for v in met.values())
+    worse = serving_result(engine_vs_one_by_one=4.9, engine_vs_static=1.2, engine_vs_hf=1.5,
+                           decode_step_ratio_16_vs_1=2.6,
+                           kv={"waste_pct": 5.0, "tokens_used": 95, "slots_held": 100,
+                               "contiguous_max_seq_slots": 1000})
+    assert all(t["met"] is False for t in bench_serving.serving_targets(worse))
+    bench_serving.print_serving(Output(quiet=True), serving_result())
+    bench_serving.print_serving(Output(quiet=True), worse)
+
+
+def test_hf_baseline_is_skipped_without_torch():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        assert bench_serving.hf_static_batches([[1, 2]], [3], 1) is None
+    else:
+        pytest.skip("torch and transformers are installed here")
+
+
+def test_speculative_section_on_a_tiny_model():
+    cfg = tiny_config(np.float64, max_seq=1024)
+    model = (cfg, init_params(cfg, seed=1), toy_tokenizer())
+    s = bench_speculative.run_speculative(6, 1, ngram_ks=(1, 2), model_ks=(1,), verify_repeats=1,
+                                          model=model)
+    assert len(s["plain"]) == 3 and len(s["rows"]) == 3 * 3
+    for p in s["plain"]:  # the baseline is the mean of the runs before and after
+        assert p["tokens_per_s"] == pytest.approx(np.mean(p["tokens_per_s_runs"]))
+    for row in s["rows"]:
+        plain = next(p for p in s["plain"] if p["kind"] == row["kind"])
+        assert row["speedup"] == pytest.approx(row["tokens_per_s"] / plain["tokens_per_s"])
+        assert row["identical"]  # float64: greedy speculation gives the plain tokens
+    assert [r["k"] for r in s["verify"]] == list(range(0, 9))
+    targets = bench_speculative.speculative_targets(s)
+    assert targets[0]["measured"] == bench_speculative.best_copy_ngram(
+        bench_speculative.summary(s))["speedup"]
+    bench_speculative.print_speculative(Output(quiet=True), s)
