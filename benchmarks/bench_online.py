@@ -23,7 +23,7 @@ import math
 
 from transformer_lab.serve import bench
 
-RATES = (0.125, 0.25, 0.5, 1.0)  # requests/s
+RATES = (0.25, 0.5, 1.0, 2.0, 4.0)  # requests/s
 QUICK_RATES = (0.25, 1.0)
 QUICK_REQUESTS = 12
 BATCHINGS = ("continuous", "static", "none")
@@ -128,36 +128,42 @@ def _ms(x):
 
 
 def _s(x):
-    return "-" if x is None else f"{x:.2f}"
+    return "-" if x is None else f"{x:.2f}" if x < 10 else f"{x:.1f}"
 
 
 def table_rows(result):
+    """One row per run, 8 columns that fit 80 terminal columns (what ran to completion and
+    the load go below the table)."""
     out = []
     for r in result["rows"]:
         rate = "inf" if math.isinf(r["rate"]) else f"{r['rate']:g}"
-        out.append([rate, r["batching"], f"{r['completed']}/{r['requests']}",
-                    f"{r['request_throughput']:.3f}", f"{r['output_throughput']:.1f}",
-                    f"{_s(r['ttft_p50'])} / {_s(r['ttft_p99'])}",
-                    f"{_ms(r['tpot_p50'])} / {_ms(r['tpot_p99'])}",
-                    f"{_ms(r['itl_p50'])} / {_ms(r['itl_p99'])}", f"{r['slo_attainment']:.0%}",
-                    f"{r['uptime_load']:.1f}"])
+        out.append([rate, r["batching"], f"{r['request_throughput']:.3f}",
+                    f"{r['output_throughput']:.1f}",
+                    f"{_s(r['ttft_p50'])}/{_s(r['ttft_p99'])}",
+                    f"{_ms(r['tpot_p50'])}/{_ms(r['tpot_p99'])}",
+                    f"{_ms(r['itl_p50'])}/{_ms(r['itl_p99'])}", f"{r['slo_attainment']:.0%}"])
     return out
 
 
-HEADERS = ["rate", "batching", "done", "req/s", "out tok/s", "TTFT s p50 / p99",
-           "TPOT ms p50 / p99", "ITL ms p50 / p99", "goodput", "load"]
+HEADERS = ["rate", "batching", "req/s", "tok/s", "TTFT s", "TPOT ms", "ITL ms", "goodput"]
 
 
 def print_online(out, result):
     slo = result["slo"]
+    rows = result["rows"]
+    loads = [r["uptime_load"] for r in rows]
+    short = [f"{r['batching']} at {r['rate']:g} req/s ({r['completed']}/{r['requests']})"
+             for r in rows if r["completed"] < r["requests"]]
     out.header(f"Online serving (SmolLM2-135M, {result['requests']} requests, Poisson arrivals)")
     out.table(HEADERS, table_rows(result),
               caption=f"{result['prompt_tokens']} prompt and {result['output_tokens']} output "
-                      f"tokens per run, streamed from the OpenAI-compatible server on 127.0.0.1; rate "
-                      f"in requests/s; "
+                      f"tokens per run, streamed from the OpenAI-compatible server on 127.0.0.1; "
+                      f"rate in requests/s; tok/s: output tokens; TTFT, TPOT and ITL: p50/p99; "
                       f"max_num_seqs {result['max_num_seqs']}. Goodput: the share of requests "
                       f"with TTFT <= {slo['ttft']:g} s and TPOT <= {slo['tpot'] * 1e3:g} ms. "
-                      f"load: the 1-minute load average after the run.")
+                      f"1-minute load average after the runs: {min(loads):.1f}-{max(loads):.1f}. "
+                      + ("Every run completed every request." if not short else
+                         "Incomplete: " + ", ".join(short) + "."))
     fall = result["goodput_below_floor_at"]
     out.observations([
         result["target"]["text"] + (f" — {'met' if result['target']['met'] else 'MISSED'}"

@@ -288,36 +288,37 @@ def print_serving(out, r):
                       f"max_num_seqs {r['max_num_seqs']}")
     kv = r["kv"]
     out.table(["figure", "value"], [
-        ["engine / one by one (target >= 5)", f"{r['engine_vs_one_by_one']:.2f}x"],
-        ["engine / static batching (target >= 1.3)", f"{r['engine_vs_static']:.2f}x"],
-        ["engine / HF transformers static (target >= 2)",
+        ["engine / one by one (>= 5)", f"{r['engine_vs_one_by_one']:.2f}x"],
+        ["engine / static (>= 1.3)", f"{r['engine_vs_static']:.2f}x"],
+        ["engine / HF static (>= 2)",
          "not run (no torch + transformers)" if r.get("engine_vs_hf") is None
          else f"{r['engine_vs_hf']:.2f}x"],
-        ["decode step B=16 / B=1 (target <= 2.5)",
+        ["step B=16 / B=1 (<= 2.5)",
          f"{r['decode_step_ratio_16_vs_1']:.2f} ({r['decode_step_s']['16'] * 1e3:.1f} / "
          f"{r['decode_step_s']['1'] * 1e3:.1f} ms)"],
-        ["K/V gathered per B=16 decode step",
+        ["K/V gathered, B=16 step",
          f"{r['gathered_bytes_per_step_16'] / 2**20:.1f} MiB, {r['gather_s_16'] * 1e3:.1f} ms"],
-        ["KV waste at peak, blocks of 16 (target < 5 %)",
+        ["KV waste at peak (< 5 %)",
          f"{kv['waste_pct']:.2f} % ({kv['tokens_used']} of {kv['slots_held']} slots)"],
-        ["contiguous max_seq reservation would hold",
+        ["contiguous max_seq would hold",
          f"{kv['contiguous_max_seq_slots']} slots: "
          f"{100 * (1 - kv['tokens_used'] / kv['contiguous_max_seq_slots']):.1f} % waste"],
-        ["prefix hits (prompts share no prefix)", f"{r['stats']['prefix_hit_tokens']} tokens"],
+        ["prefix hits (none shared)", f"{r['stats']['prefix_hit_tokens']} tokens"],
         ["batch_invariant cost", f"{r['invariant_cost']:.2f}x the mixed engine's time"],
-        ["median TTFT / TPOT (mixed)",
+        ["TTFT / TPOT p50 (mixed)",
          f"{r['ttft_median_s']:.2f} s / {r['tpot_median_s'] * 1e3:.0f} ms"],
         ["same tokens as mixed", ", ".join(f"{k} {v}/{r['requests']}"
                                            for k, v in r["same_tokens_as_mixed"].items())],
     ])
     if r.get("speculation"):
-        out.table(["max_num_seqs", "requests", "plain tok/s", "ngram k=4 tok/s", "speedup",
-                   "accepted / drafted", "same tokens"],
+        out.table(["seqs", "requests", "plain tok/s", "ngram tok/s", "speedup",
+                   "accepted", "same"],
                   [[str(x["max_num_seqs"]), str(x["requests"]), f"{x['plain_tokens_per_s']:.1f}",
                     f"{x['spec_tokens_per_s']:.1f}", f"{x['speedup']:.2f}x",
-                    f"{x['accepted']} / {x['drafted']}", f"{x['same_tokens']}/{x['requests']}"]
+                    f"{x['accepted']}/{x['drafted']}", f"{x['same_tokens']}/{x['requests']}"]
                    for x in r["speculation"]],
-                  caption="the engine with n-gram speculation on this workload (greedy)")
+                  caption="the engine with n-gram speculation (k=4) on this workload, greedy: "
+                          "seqs is max_num_seqs, accepted of the drafted tokens")
     if "small_m_ms" in r:
         kinds = list(next(iter(r["small_m_ms"].values())))
         out.table(["M"] + kinds, [[str(m)] + [f"{v[k]:.1f}" for k in kinds]

@@ -342,7 +342,7 @@ class LLM:
         invariant = (row_invariant_products(INVARIANT_ROWS) if self.batch_invariant
                      else contextlib.nullcontext())
         with invariant:
-            logits = self.runner.run(chunks)  # [chunks that sample, V]
+            logits = self.runner.run(chunks)  # [one row per sampling chunk (1 + j: verify), V]
         finished, row, prefill, decode, drafted, accepted = [], 0, 0, 0, 0, 0
         for chunk in chunks:
             seq, n = chunk.seq, chunk.end - chunk.start
