@@ -34,3 +34,17 @@ def one_by_one(params, cfg, prompt_list, n):
     """generate(..., greedy=True) on each prompt alone: its n new tokens."""
     return [[int(t) for t in generate(params, cfg, [p], n, greedy=True)[0][len(p):]]
             for p in prompt_list]
+
+
+def reference_case(name, new):
+    """(cfg, params, the 20 prompts, their `new` greedy tokens one prompt at a time)."""
+    cfg, params = model(name)
+    ps = prompts(cfg)
+    return cfg, params, ps, one_by_one(params, cfg, ps, new)
+
+
+def no_leaks(llm):
+    """After generate: no block held; any block left with a hash has ref count 0."""
+    assert llm.stats()["blocks_in_use"] == 0
+    assert all(b.ref_count == 0 for b in llm.block_manager.blocks)
+    assert not llm.scheduler.running and not llm.scheduler.waiting

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from serve_helpers import CONFIGS, LENGTHS, model, one_by_one, prompts
+from serve_helpers import LENGTHS, model, no_leaks, one_by_one, prompts
 from transformer_lab.serve import LLM, SamplingParams
 
 NEW = 10
@@ -24,20 +24,6 @@ OPTIONS = {
     "invariant_preempting": dict(batch_invariant=True, block_size=4, num_blocks=14,
                                  max_num_batched_tokens=20),
 }
-
-
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def case(request):
-    cfg, params = model(request.param)
-    ps = prompts(cfg)
-    return cfg, params, ps, one_by_one(params, cfg, ps, NEW)
-
-
-def no_leaks(llm):
-    """After generate: no block held; any block left with a hash has ref count 0."""
-    assert llm.stats()["blocks_in_use"] == 0
-    assert all(b.ref_count == 0 for b in llm.block_manager.blocks)
-    assert not llm.scheduler.running and not llm.scheduler.waiting
 
 
 @pytest.mark.parametrize("option", sorted(OPTIONS))

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from serve_helpers import CONFIGS, model, one_by_one, prompts
+from serve_helpers import model, no_leaks, prompts
 from transformer_lab.config import llama_config
 from transformer_lab.generation import next_token_probs
 from transformer_lab.model import forward
@@ -30,18 +30,6 @@ OPTIONS = {
 
 def ngram(k, **more):
     return {"method": "ngram", "num_speculative_tokens": k, **more}
-
-
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
-def case(request):
-    cfg, params = model(request.param)
-    ps = prompts(cfg)
-    return cfg, params, ps, one_by_one(params, cfg, ps, NEW)
-
-
-def no_leaks(llm):
-    assert llm.stats()["blocks_in_use"] == 0
-    assert all(b.ref_count == 0 for b in llm.block_manager.blocks)
 
 
 @pytest.mark.parametrize("option", sorted(OPTIONS))
