@@ -30,7 +30,9 @@ CODE = (
     "    return total\n")
 # Three kinds of prompt: the answer copies from the prompt, answers in prose, or is free.
 PROMPTS = {
-    "copy": [f"Repeat this paragraph word for word, replacing Anna with Maria:\n\n{PARAGRAPH}",
+    # SmolLM2-135M copies a text it is asked to copy as it is, but rewrites a paragraph it
+    # is asked to edit into text of its own, which gives a prompt-lookup draft little to find.
+    "copy": [f"Copy the following text exactly, without changing anything:\n\n{PARAGRAPH}",
              f"Rewrite this Python function, renaming the variable total to amount:\n\n{CODE}"],
     "question": ["Why do we have seasons on Earth? Answer in a short paragraph.",
                  "What does a compiler do? Explain it in a few sentences."],
