@@ -68,8 +68,8 @@ PREFILL_REPEATS = 3  # the paragraph's forward pass, timed as a prefill: median 
 PEAK_N, QUICK_PEAK_N = 2048, 1024
 CHECK_REPEATS = 2  # the quick second measurement of bandwidth and peak, before the timing
 # Seconds that re-measuring unsteady rows may take: one round of decode steps alone takes
-# about 1.3 s (--quick) or 3 s on a quiet machine.
-BUDGET_S, QUICK_BUDGET_S = 4.0, 2.0
+# about 1 s (--quick) or 3 s on a quiet machine.
+BUDGET_S, QUICK_BUDGET_S = 4.0, 1.0
 SIMILAR = 1.1  # two rates within 10% of each other are "about the same"
 
 TITLE = {"zh": "显微镜下的真实模型：SmolLM2-135M", "en": "A real model under the microscope: SmolLM2-135M"}
