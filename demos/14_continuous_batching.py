@@ -568,7 +568,7 @@ def figures(result, lang="zh"):
 
 def latency_figure(result, t):
     """TTFT p99 and output tokens/s against the request rate, one line per batching."""
-    from _figures import new_figure
+    from _figures import new_figure, set_ticks
     lat = result["online"]
     fig, (left, right) = new_figure(ncols=2, size=(10.0, 4.5))
     styles = {"none": ("tab:red", "v-"), "static": ("tab:orange", "s-"),
@@ -583,6 +583,7 @@ def latency_figure(result, t):
                    label=label, gid=f"tput_{b}")
     for ax, ylabel in ((left, t["ttft"]), (right, t["tput"])):
         ax.set_xscale("log", base=2)
+        set_ticks(ax, [round(r) for r in lat["rates"]])
         ax.set_xlabel(t["rate"])
         ax.set_ylabel(ylabel)
     left.set_yscale("log")
