@@ -153,6 +153,25 @@ def gather_cost(cfg, batch, context, block_size=16):
     return time_side_by_side({"g": gather}, repeats=5)["g"]["median_s"]
 
 
+def machine_probe(params, repeats=3):
+    """A function giving the ms (median of `repeats`) of one row through the 30 layers'
+    four products: a yardstick of the machine's speed, taken before each method's run."""
+    weights = [w for block in params["blocks"] for w in (
+        block["attn"].product("wqkv"), block["attn"]["wo"], block["mlp"].product("w_gate_up"),
+        block["mlp"]["w_down"])]
+    xs = {w.shape[0]: np.ones((1, w.shape[0]), dtype=w.dtype) for w in weights}
+
+    def probe():
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for w in weights:
+                xs[w.shape[0]] @ w
+            times.append(time.perf_counter() - start)
+        return float(np.median(times)) * 1e3
+    return probe
+
+
 SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 
 
@@ -232,13 +251,17 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True
     result = dict(requests=n_requests, generated_tokens=generated,
                   prompt_tokens=[len(p) for p in prompts], output_tokens=outs,
                   max_num_seqs=max_num_seqs)
-    result["engine_s"] = {}
+    result["engine_s"], result["probe_ms"] = {}, {}
+    probe = machine_probe(params)
     engines = {"mixed": {}, "alternate": dict(mix_prefill_decode=False),
                "batch_invariant": dict(batch_invariant=True)}
     reference = None
-    for name, options in engines.items():
+
+    def engine(name):
+        nonlocal reference
+        result["probe_ms"][name] = probe()
         llm, outputs, seconds = engine_run(LLM, SamplingParams, cfg, params, tokenizer, prompts,
-                                           outs, max_num_seqs=max_num_seqs, **options)
+                                           outs, max_num_seqs=max_num_seqs, **engines[name])
         result["engine_s"][name] = seconds
         tokens = [o.token_ids for o in outputs]
         if reference is None:
@@ -250,9 +273,18 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True
             result["tpot_median_s"] = float(np.median([o.metrics.tpot for o in outputs]))
         result.setdefault("same_tokens_as_mixed", {})[name] = sum(
             a == b for a, b in zip(tokens, reference))
+
+    # The engine and the two baselines the targets compare it with run next to each other;
+    # the machine probe before each run shows how much the machine's own speed drifted.
+    engine("mixed")
+    result["probe_ms"]["static"] = probe()
     result["static_s"] = static_batching(params, cfg, prompts, outs, max_num_seqs)
+    result["probe_ms"]["one_by_one"] = probe()
     result["one_by_one_s"] = one_by_one(params, cfg, prompts, outs)
+    result["probe_ms"]["hf_static"] = probe()
     result["hf_static_s"] = hf_static_batches(prompts, outs, max_num_seqs) if hf else None
+    engine("alternate")
+    engine("batch_invariant")
     tps = lambda s: generated / s  # noqa: E731
     result["tokens_per_s"] = {"one_by_one": tps(result["one_by_one_s"]),
                               "static": tps(result["static_s"]),
@@ -280,12 +312,15 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True
 def print_serving(out, r):
     out.header("Serving: 32 SmolLM2 requests (greedy, ignore_eos)")
     t, base = r["tokens_per_s"], r["tokens_per_s"]["one_by_one"]
-    rows = [[name, f"{r['generated_tokens'] / tps:.1f} s", f"{tps:.1f}", f"{tps / base:.2f}x"]
+    probes = r.get("probe_ms", {})
+    rows = [[name, f"{r['generated_tokens'] / tps:.1f} s", f"{tps:.1f}", f"{tps / base:.2f}x",
+             f"{probes[name]:.1f} ms" if name in probes else "-"]
             for name, tps in t.items()]
-    out.table(["method", "wall", "generated tok/s", "vs one by one"], rows,
+    out.table(["method", "wall", "generated tok/s", "vs one by one", "probe before"], rows,
               caption=f"prompts {min(r['prompt_tokens'])}-{max(r['prompt_tokens'])} tokens, "
                       f"outputs {min(r['output_tokens'])}-{max(r['output_tokens'])}; "
-                      f"max_num_seqs {r['max_num_seqs']}")
+                      f"max_num_seqs {r['max_num_seqs']}; probe: one row through the 30 "
+                      f"layers' products just before the run (the machine's speed)")
     kv = r["kv"]
     out.table(["figure", "value"], [
         ["engine / one by one (>= 5)", f"{r['engine_vs_one_by_one']:.2f}x"],

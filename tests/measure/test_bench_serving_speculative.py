@@ -13,6 +13,7 @@ from transformer_lab.params import init_params
 def serving_result(**overrides):
     r = {"requests": 2, "generated_tokens": 100, "prompt_tokens": [4, 9], "output_tokens": [40, 60],
          "max_num_seqs": 2, "tokens_per_s": {"one_by_one": 10.0, "static": 30.0, "mixed": 60.0},
+         "probe_ms": {"one_by_one": 20.0, "static": 21.0, "mixed": 19.5},
          "engine_vs_one_by_one": 6.0, "engine_vs_static": 2.0, "engine_vs_hf": None,
          "decode_step_ratio_16_vs_1": 2.0, "decode_step_s": {"1": 0.01, "16": 0.02},
          "gathered_bytes_per_step_16": 2**20, "gather_s_16": 0.001,
@@ -70,3 +71,11 @@ def test_speculative_section_on_a_tiny_model():
     assert targets[0]["measured"] == bench_speculative.best_copy_ngram(
         bench_speculative.summary(s))["speedup"]
     bench_speculative.print_speculative(Output(quiet=True), s)
+
+
+def test_the_machine_probe_times_one_row_through_every_product():
+    from transformer_lab import llama_config, pack_weights
+    cfg = llama_config(vocab=50, d_model=16, n_heads=2, n_kv_heads=1, n_layers=2, d_ff=32,
+                       max_seq=16, dtype=np.float32)
+    probe = bench_serving.machine_probe(pack_weights(init_params(cfg), cfg), repeats=2)
+    assert probe() > 0 and probe() > 0  # the same function, called before each method
