@@ -48,7 +48,7 @@ INV_RUNS, QUICK_INV_RUNS = 8, 4  # runs of the target prompt among changing batc
 INV_TOKENS, QUICK_INV_TOKENS = 32, 16
 # Request rates as multiples of one-at-a-time serving's capacity (requests/s it can finish).
 RATE_FACTORS, QUICK_RATE_FACTORS = (0.5, 1, 2, 4, 8), (0.5, 2, 8)
-REPLAYS = 2  # each replay runs this many times; the least disturbed (shortest) one is kept
+REPLAYS, QUICK_REPLAYS = 2, 1  # runs of each replay; the least disturbed (shortest) is kept
 BATCHINGS = ("none", "static", "continuous")
 
 TITLE = {"zh": "连续批处理：静态批对迭代级调度", "en": "Continuous batching vs static batches"}
@@ -361,7 +361,7 @@ def alone_index(output):
 
 # ---------------------------------------------------------------- latency against request rate
 
-def online(params, cfg, prompts, outs, factors, batch=BATCH):
+def online(params, cfg, prompts, outs, factors, batch=BATCH, replays=REPLAYS):
     """The workload as Poisson arrivals at factors × one-at-a-time's capacity, replayed for
     each batching on a fresh engine (serve.bench.replay). The capacity: requests finished
     per second of engine time when one request at a time serves the workload."""
@@ -372,7 +372,7 @@ def online(params, cfg, prompts, outs, factors, batch=BATCH):
 
     def least_disturbed(rate, batching):
         runs = [bench.measure_replay(make, requests, [rate], batching=batching, seed=SEED)[0]
-                for _ in range(REPLAYS)]
+                for _ in range(replays)]
         return min(runs, key=lambda r: r["duration_s"])
     bench.replay(make(), requests[:4], [0.0] * 4)  # a warm-up: first calls cost more
     back_to_back = least_disturbed(math.inf, "none")  # all at t=0, one at a time: no idling
@@ -406,7 +406,8 @@ def compute(quick=False):
         steps = [{"B": b, "seconds": step_seconds(params, cfg, b, k)} for b in sweep]
         runs, tokens = (QUICK_INV_RUNS, QUICK_INV_TOKENS) if quick else (INV_RUNS, INV_TOKENS)
         inv = [invariance(params, cfg, prompts, outs, runs, tokens, mode) for mode in (False, True)]
-        lat = online(params, cfg, prompts, outs, QUICK_RATE_FACTORS if quick else RATE_FACTORS)
+        lat = online(params, cfg, prompts, outs, QUICK_RATE_FACTORS if quick else RATE_FACTORS,
+                     replays=QUICK_REPLAYS if quick else REPLAYS)
     for r in rows:
         r["gain"] = r["throughput"] / rows[0]["throughput"]
     for s in steps:

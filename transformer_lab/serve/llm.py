@@ -402,7 +402,7 @@ class LLM:
     def _sampler(self, seq) -> Sampler:
         """How seq's verify pass picks (the single-sequence path's Sampler, seq's generator)."""
         p = seq.params
-        return Sampler(p.greedy, float(p.temperature) if not p.greedy else 1.0, p.k, seq.rng)
+        return Sampler(p.greedy, float(p.temperature), p.k, seq.rng)
 
     @staticmethod
     def _check_finite(seq, logits):

@@ -173,16 +173,14 @@ class ModelRunner:
         """Compute the step; the logits [rows, vocab] of the chunks that pick a token, in the
         order of `chunks`: one row each, 1 + len(drafts) for a verify chunk."""
         cache = StepCache(self.pool, chunks, batch_invariant=self.batch_invariant)
-        # The params were checked once when the engine was made.
         keep, row = [], 0
         for chunk in chunks:
             row += chunk.end - chunk.start
             if chunk.sample:
                 keep.extend(range(row - 1 - len(chunk.drafts), row))
-        if not keep:
-            keep = [row - 1]  # a step of prefill chunks only: one row, for the shapes
-        # The params were checked once when the engine was made.
+        # The params were checked once when the engine was made. A step of prefill chunks
+        # only keeps no row: the head then runs on none.
         logits = _forward_unchecked(self.params, self.cfg, cache.tokens, cache=cache,
-                                    logits_at=np.array(keep))[0]  # [rows kept, V]
+                                    logits_at=np.array(keep, dtype=np.int64))[0]  # [kept, V]
         self.last_gathered_bytes = cache.gathered_bytes
-        return logits if any(chunk.sample for chunk in chunks) else logits[:0]
+        return logits
