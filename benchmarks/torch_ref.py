@@ -121,9 +121,9 @@ class TorchTrainer:
         return float(loss.detach()), float(norm)
 
 
-def _named(tree, prefix=""):
+def _named(tree):
     from transformer_lab import named_params
-    return list(named_params(tree, prefix))
+    return list(named_params(tree))
 
 
 def _nested(params, copy):
