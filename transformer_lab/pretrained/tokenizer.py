@@ -86,19 +86,26 @@ CHAR_TO_BYTE = {char: byte for byte, char in BYTE_TO_CHAR.items()}
 
 
 @functools.lru_cache(maxsize=None)
+def _ranges_by_major() -> dict[str, tuple[tuple[int, int], ...]]:
+    """For every major category ("L", "N", ...), its code point ranges: one pass over all
+    code points (about a quarter of a second), done once per process."""
+    by_major, start = {}, 0
+    for category, run in itertools.groupby(map(unicodedata.category,
+                                               map(chr, range(sys.maxunicode + 1)))):
+        end = start + sum(1 for _ in run) - 1
+        ranges = by_major.setdefault(category[0], [])
+        if ranges and ranges[-1][1] == start - 1:  # Lu then Ll, say: one run of L
+            ranges[-1] = (ranges[-1][0], end)
+        else:
+            ranges.append((start, end))
+        start = end + 1
+    return {major: tuple(ranges) for major, ranges in by_major.items()}
+
+
 def category_ranges(major: str) -> tuple[tuple[int, int], ...]:
     """Code point ranges whose Unicode general category starts with `major` ("L", "N", ...).
-
-    One pass over all code points (~0.1 s), done once: Python's re has no \\p{L}.
-    """
-    majors = (cat[0] for cat in map(unicodedata.category, map(chr, range(sys.maxunicode + 1))))
-    ranges, start = [], 0
-    for got, run in itertools.groupby(majors):
-        length = sum(1 for _ in run)
-        if got == major:
-            ranges.append((start, start + length - 1))
-        start += length
-    return tuple(ranges)
+    Python's re has no \\p{L}, so the pre-tokenizer builds its classes from these."""
+    return _ranges_by_major().get(major, ())
 
 
 def char_class_body(ranges) -> str:
