@@ -25,8 +25,8 @@ from console import (fmt_num, fmt_time, heatmap, print_observations, print_secti
 from transformer_lab import ActivationRecord, KVCache, find_model, forward, generate, load_gguf
 from transformer_lab.pretrained.chat_template import apply_chat_template
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
-from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, matmul_peak, param_bytes,
-                                     read_bandwidth, speed_check, time_rows, timed)
+from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, bandwidth_matrix, matmul_peak,
+                                     param_bytes, read_bandwidth, speed_check, time_rows, timed)
 from transformer_lab.measure.flops import (attention_flops_per_token, flops_per_token,
                                            matmul_weights)
 
@@ -205,7 +205,8 @@ def decode_part(params, cfg, tokenizer, quick, budget):
     ids = tokenizer.encode(PARAGRAPH)
     # The quick second measurement of the machine's speed, before the timing; the main one
     # comes after it. A change in between means the machine's speed changed mid-demo.
-    bandwidth_check = read_bandwidth(repeats=CHECK_REPEATS)
+    stream = bandwidth_matrix()  # 512 MiB: larger than any cache here; made once, read twice
+    bandwidth_check = read_bandwidth(repeats=CHECK_REPEATS, matrix=stream)
     peak_check = matmul_peak(peak_n, repeats=CHECK_REPEATS)
 
     decoders = {}
@@ -225,7 +226,8 @@ def decode_part(params, cfg, tokenizer, quick, budget):
                         repeats=PREFILL_REPEATS, warmup=0, budget=budget)["prefill"]
     T, pre = paragraph.shape[1], prefill["figures"]["forward"]
 
-    bandwidth = read_bandwidth()  # 512 MiB: larger than any cache here
+    bandwidth = read_bandwidth(matrix=stream)
+    del stream
     peak = matmul_peak(peak_n)
     weight_bytes = param_bytes(params)
     elements = matmul_weights(cfg)

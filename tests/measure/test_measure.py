@@ -1,11 +1,13 @@
 """transformer_lab.measure: the figures are well-formed, and every branch of the steadiness
 rules and the re-measuring runs on scripted timings (no assertion on how fast anything is)."""
+import numpy as np
 import pytest
 
 from transformer_lab import TINY, init_params, named_params
 from transformer_lab import measure
-from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, cpu_wait_s, matmul_peak,
-                                     param_bytes, peak_rss_bytes, read_bandwidth, row_summary,
+from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, bandwidth_matrix, cpu_wait_s,
+                                     matmul_peak, param_bytes, peak_rss_bytes, read_bandwidth,
+                                     row_summary,
                                      speed_check, summarize, time_call, time_rows,
                                      time_side_by_side, timed, unsteadiness)
 
@@ -78,6 +80,12 @@ def test_matmul_peak_and_bandwidth_report_positive_rates():
     bw = read_bandwidth(4 * 2**20, repeats=2)
     assert bw["bytes"] == 4 * 2**20 and bw["bytes_per_s"] > 0 and "steady" in bw
     assert time_call(lambda: None, repeats=2)["repeats"] == 2
+
+
+def test_bandwidth_streams_the_matrix_it_is_given():
+    matrix = bandwidth_matrix(2 * 2**20)
+    assert matrix.dtype == np.float32 and matrix.shape == (128, 4096)
+    assert read_bandwidth(repeats=2, matrix=matrix)["bytes"] == matrix.nbytes == 2 * 2**20
 
 
 def test_param_bytes_counts_every_array():

@@ -205,14 +205,22 @@ def matmul_peak(n=2048, *, dtype=np.float32, repeats=5) -> dict:
             "flops_per_s": 2 * n ** 3 / stats["best_s"]}
 
 
-def read_bandwidth(nbytes=512 * 2**20, *, repeats=5) -> dict:
-    """Bytes per second read from memory by streaming a large float32 matrix through a
-    matrix-vector product, exactly as a decode step streams its weights (2 FLOPs per
-    4 bytes, so arithmetic is never the limit). The matrix is far larger than any cache."""
+def bandwidth_matrix(nbytes=512 * 2**20):
+    """The float32 matrix [rows, 4096] of about nbytes that read_bandwidth streams, touched
+    once so that it is resident. Making it costs more than reading it (every page is
+    faulted in), so a caller measuring twice passes the same one to both calls."""
     cols = 4096
     rows = max(1, nbytes // (4 * cols))
-    a = np.ones((rows, cols), dtype=np.float32)  # [rows, cols], touched once so it is resident
-    v = np.ones(cols, dtype=np.float32)
+    return np.ones((rows, cols), dtype=np.float32)  # [rows, cols]
+
+
+def read_bandwidth(nbytes=512 * 2**20, *, repeats=5, matrix=None) -> dict:
+    """Bytes per second read from memory by streaming a large float32 matrix through a
+    matrix-vector product, exactly as a decode step streams its weights (2 FLOPs per
+    4 bytes, so arithmetic is never the limit). The matrix is far larger than any cache:
+    `matrix` from bandwidth_matrix(), or else a new one of nbytes."""
+    a = bandwidth_matrix(nbytes) if matrix is None else matrix
+    v = np.ones(a.shape[1], dtype=np.float32)
     stats = time_call(lambda: a @ v, repeats=repeats)
     return {"bytes": a.nbytes, **stats, "bytes_per_s": a.nbytes / stats["best_s"]}
 
