@@ -25,6 +25,7 @@ import numpy as np
 from ..config import DTYPES, Config
 from ..params import empty_packed_params
 from ..validate import is_int
+from . import quants
 from .gguf_file import MAGIC as GGUF_MAGIC, GGUFFile
 from .tokenizer import PRE_TOKENIZERS, BPETokenizer
 
@@ -238,12 +239,20 @@ def _dequantize(tensor, want_shape, dtype, path, out=None):
     if file_shape != stored_shape:
         raise ValueError(f"{path}: tensor {tensor.name} has shape {list(file_shape)}, "
                          f"the metadata implies {list(stored_shape)}")
+    direct = False  # written straight into `out`
     with np.errstate(invalid="ignore", over="ignore"):  # corrupt scales: reported just below
-        values = dequantize(tensor.data, tensor.tensor_type).reshape(stored_shape)  # float32 [out, in]
+        if transpose and kind in quants.BLOCK_BYTES:  # by hand, straight into [in, out]
+            direct = out is not None and out.dtype == np.float32
+            values = out if direct else np.empty(want_shape, dtype=np.float32)
+            quants.dequantize_transposed(tensor.data, kind, values)
+        else:
+            values = dequantize(tensor.data, tensor.tensor_type).reshape(stored_shape)  # float32 [out, in]
+            if transpose:
+                values = values.T  # [in, out]
     if not np.isfinite(values).all():
         raise ValueError(f"{path}: tensor {tensor.name} holds NaN or infinite values (corrupt file?)")
-    if transpose:
-        values = values.T  # [in, out]
+    if direct:
+        return out
     if out is not None:
         np.copyto(out, values, casting="same_kind")
         return out
