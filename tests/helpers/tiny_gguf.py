@@ -90,14 +90,18 @@ def write_gguf(path, cfg, params, *, arch="llama", metadata=None, tensors=None):
     writer = gguf.GGUFWriter(str(path), arch)
     for key, (value, *types) in metadata.items():
         writer.add_key_value(key, value, *types)
-    for name, (value, kind) in tensors.items():
-        array, raw_type = encode_tensor(value, kind)
+    finish(writer, {name: encode_tensor(value, kind) for name, (value, kind) in tensors.items()})
+    return path
+
+
+def finish(writer, encoded):
+    """Add the tensors {name: (array, raw type or None)} and write the file out."""
+    for name, (array, raw_type) in encoded.items():
         writer.add_tensor(name, array, raw_dtype=raw_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path
 
 
 def encode_tensor(value, kind):

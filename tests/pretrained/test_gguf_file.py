@@ -13,6 +13,8 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
 
+from tiny_gguf import finish  # noqa: E402
+
 from transformer_lab.pretrained.gguf_file import GGUFFile  # noqa: E402
 
 VALUES = {
@@ -44,12 +46,7 @@ def write(path, *, alignment=None):
             continue  # written below: the writer's add_key_value cannot type an inner array
         writer.add_key_value(key, value, *types)
     writer.add_array("nested", VALUES["nested"][0])
-    for name, (array, raw) in tensors().items():
-        writer.add_tensor(name, array, raw_dtype=raw)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer, tensors())
     return path
 
 
