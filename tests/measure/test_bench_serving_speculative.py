@@ -66,7 +66,8 @@ def test_speculative_section_on_a_tiny_model():
         plain = next(p for p in s["plain"] if p["kind"] == row["kind"])
         assert row["speedup"] == pytest.approx(row["tokens_per_s"] / plain["tokens_per_s"])
         assert row["identical"]  # float64: greedy speculation gives the plain tokens
-    assert [r["k"] for r in s["verify"]] == list(range(0, 9))
+    assert [r["k"] for r in s["verify"]] == [0, 1, 2]  # a plain step and each k drafted
+    assert s["blas_threads"] is None or s["blas_threads"] >= 1  # the process's own count
     targets = bench_speculative.speculative_targets(s)
     assert targets[0]["measured"] == bench_speculative.best_copy_ngram(
         bench_speculative.summary(s))["speedup"]
