@@ -134,6 +134,19 @@ def test_missing_model_and_taken_port_are_one_line_and_exit_1(model_file, tmp_pa
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
 
+def test_the_loading_line_names_the_file_whose_stem_is_served(monkeypatch, capsys):
+    from transformer_lab.pretrained.gguf import MODEL_FILE
+    from transformer_lab.serve import __main__ as cli
+
+    def no_model(args):
+        raise FileNotFoundError("not installed here")
+    monkeypatch.setattr(cli, "load_engine", no_model)
+    assert main([]) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == f"loading the default model ({MODEL_FILE}) ..."
+    assert MODEL_FILE.endswith(".gguf")  # served as the stem, as /v1/models lists it
+
+
 def test_help_lists_the_options():
     text = build_parser().format_help()
     for option in ("--host", "--port", "--model", "--api-key", "--max-num-seqs", "--block-size",

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import OneLineParser, int_at_least, non_empty_path
+from ..pretrained.gguf import MODEL_FILE
 from .api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from .engine_loop import BATCHING
 from .speculative_config import SpeculativeConfig
@@ -138,7 +139,8 @@ def main(argv=None) -> int:
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = None
     try:
-        print(f"loading {args.model or 'the default model (SmolLM2-135M-Instruct)'} ...",
+        # The file's name: the model is served under its stem (see load_engine).
+        print(f"loading {args.model or f'the default model ({MODEL_FILE})'} ...",
               file=sys.stderr, flush=True)
         try:
             llm, name = load_engine(args)
