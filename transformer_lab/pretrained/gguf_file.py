@@ -110,10 +110,11 @@ class GGUFFile:
         if alignment <= 0:
             raise ValueError(f"general.alignment is {alignment}")
         start = -(-self._at // alignment) * alignment  # the data begins on the next multiple
-        self.tensors = []
+        self.tensors, seen = [], set()
         for name, dims, type_id, offset in index:
-            if any(t.name == name for t in self.tensors):
+            if name in seen:
                 raise ValueError(f"tensor {name} appears twice")
+            seen.add(name)
             kind = GGMLQuantizationType(type_id)  # an unknown number: ValueError
             block, type_size = GGML_QUANT_SIZES[kind]
             count = int(np.prod(dims, dtype=np.int64))
