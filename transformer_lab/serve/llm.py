@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..generation import sample_next
 from ..model import row_invariant_products
 from ..params import check_params
 from ..speculative import Sampler, accept
@@ -411,12 +410,9 @@ class LLM:
                              f"{len(seq) - 1} are not finite; check the params")
 
     def _sample(self, seq, logits) -> int:
+        """seq's next token from its logits [V], picked as the single-sequence path picks."""
         self._check_finite(seq, logits)
-        p = seq.params
-        if p.greedy:
-            return int(np.argmax(logits))
-        return int(sample_next(logits[None], greedy=False, temperature=p.temperature,
-                               top_k=p.k, rng=seq.rng)[0])
+        return self._sampler(seq).pick(logits)[0]
 
     def _finish_reason(self, seq, token):
         p = seq.params
