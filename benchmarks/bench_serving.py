@@ -153,12 +153,17 @@ def gather_cost(cfg, batch, context, block_size=16):
     return time_side_by_side({"g": gather}, repeats=5)["g"]["median_s"]
 
 
+def layer_products(params):
+    """Every layer's four weight products, in order: packed QKV, wo, packed gate/up, down."""
+    return [w for block in params["blocks"] for w in (
+        block["attn"].product("wqkv"), block["attn"]["wo"], block["mlp"].product("w_gate_up"),
+        block["mlp"]["w_down"])]
+
+
 def machine_probe(params, repeats=3):
     """A function giving the ms (median of `repeats`) of one row through the 30 layers'
     four products: a yardstick of the machine's speed, taken before each method's run."""
-    weights = [w for block in params["blocks"] for w in (
-        block["attn"].product("wqkv"), block["attn"]["wo"], block["mlp"].product("w_gate_up"),
-        block["mlp"]["w_down"])]
+    weights = layer_products(params)
     xs = {w.shape[0]: np.ones((1, w.shape[0]), dtype=w.dtype) for w in weights}
 
     def probe():
@@ -207,10 +212,7 @@ def small_m_table(params, repeats=5):
     """ms for SmolLM2's 30 layers' four products (packed QKV, wo, packed gate/up, down) at
     M rows, each form side by side: stacked GEMM, one GEMV per row, the transposed
     product (W^T x^T)^T on a view, padded to 8 and 16 rows, and what _matmul_rows picks."""
-    weights = []
-    for block in params["blocks"]:
-        weights += [block["attn"].product("wqkv"), block["attn"]["wo"],
-                    block["mlp"].product("w_gate_up"), block["mlp"]["w_down"]]
+    weights = layer_products(params)
     rng = np.random.default_rng(0)
     xs = {w.shape[0]: rng.standard_normal((max(SMALL_M), w.shape[0])).astype(np.float32)
           for w in weights}
