@@ -9,7 +9,7 @@ the same GGUF in batches of the same size (only where torch and transformers are
 installed: a scratch venv, never a dependency), and the engine (mixed steps,
 alternating steps, batch_invariant). Also: the decode step at B = 16 against B = 1, the bytes the
 attention gathers per step, KV memory held vs used at the peak, and the small-M
-product table behind model._matmul_rows.
+product table behind products.matmul_rows.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from transformer_lab.generation import generate_stream
 from transformer_lab.measure import time_side_by_side
-from transformer_lab import model as core
+from transformer_lab import products
 
 N_REQUESTS = 32
 PASSAGE = (
@@ -211,7 +211,7 @@ SMALL_M = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 def small_m_table(params, repeats=5):
     """ms for SmolLM2's 30 layers' four products (packed QKV, wo, packed gate/up, down) at
     M rows, each form side by side: stacked GEMM, one GEMV per row, the transposed
-    product (W^T x^T)^T on a view, padded to 8 and 16 rows, and what _matmul_rows picks."""
+    product (W^T x^T)^T on a view, padded to 8 and 16 rows, and what matmul_rows picks."""
     weights = layer_products(params)
     rng = np.random.default_rng(0)
     xs = {w.shape[0]: rng.standard_normal((max(SMALL_M), w.shape[0])).astype(np.float32)
@@ -234,9 +234,9 @@ def small_m_table(params, repeats=5):
                     padded[:m] = x
                     padded @ w
                 else:
-                    core._matmul_rows(x, w)
+                    products.matmul_rows(x, w)
         return run
-    kinds = ("stacked", "gemv_rows", "transposed", "pad8", "pad16", "_matmul_rows")
+    kinds = ("stacked", "gemv_rows", "transposed", "pad8", "pad16", "matmul_rows")
     table = {}
     for m in SMALL_M:
         timed = time_side_by_side({k: form(k, m) for k in kinds}, repeats=repeats)

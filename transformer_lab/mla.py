@@ -30,6 +30,7 @@ import numpy as np
 from .attention import attention_core
 from .ops import rms_norm
 from .positions import apply_rope
+from .products import matmul_rows
 
 PATHS = ("auto", "naive", "absorbed")
 
@@ -127,18 +128,17 @@ def mla_projections(x, a, cfg):
     """The query, the latent and the RoPE key from the normed stream x [B, T, d], before
     RoPE: (q [B, T, H, nope+rope], kv_a [B, T, c] before kv_norm, c_kv [B, T, c],
     k_rope [B, T, rope], {"attn.q_a": ..., "attn.c_q": ...} with q_lora_rank)."""
-    from .model import _matmul_rows  # model imports this module lazily: no cycle
     B, T, _ = x.shape
     c = cfg.kv_lora_rank
     extra = {}
     if cfg.q_lora_rank is None:
-        q = _matmul_rows(x, a["wq"])
+        q = matmul_rows(x, a["wq"])
     else:
-        q_a = _matmul_rows(x, a["wq_a"])  # [B, T, q_lora_rank]
+        q_a = matmul_rows(x, a["wq_a"])  # [B, T, q_lora_rank]
         c_q = rms_norm(q_a, a["q_norm"]["weight"], cfg.norm_eps)
-        q = _matmul_rows(c_q, a["wq_b"])
+        q = matmul_rows(c_q, a["wq_b"])
         extra = {"attn.q_a": q_a, "attn.c_q": c_q}
-    kv = _matmul_rows(x, a["wkv_a"])  # [B, T, c + rope]
+    kv = matmul_rows(x, a["wkv_a"])  # [B, T, c + rope]
     kv_a = kv[..., :c]
     c_kv = rms_norm(kv_a, a["kv_norm"]["weight"], cfg.norm_eps)  # [B, T, c]
     return q.reshape(B, T, cfg.n_heads, cfg.head_dim), kv_a, c_kv, kv[..., c:], extra
@@ -160,7 +160,6 @@ def mla_attention_block(x, a, cfg, *, rope=None, causal=True, cache=None, layer=
     """
     from .acts import record, wants_patterns
     from .attention import attention_weights
-    from .model import _matmul_rows
     nope = cfg.qk_nope_head_dim
     q, kv_a, c_kv, k_rope, extra = mla_projections(x, a, cfg)
     if rope is not None:
@@ -185,4 +184,4 @@ def mla_attention_block(x, a, cfg, *, rope=None, causal=True, cache=None, layer=
                                                                    cfg.n_heads, nope)
             record(acts, layer, {"attn.pattern": attention_weights(
                 q, keys, offset, causal=causal, scale=1.0 / math.sqrt(cfg.head_dim))})
-    return _matmul_rows(out, a["wo"])  # [B, T, d]
+    return matmul_rows(out, a["wo"])  # [B, T, d]

@@ -574,8 +574,8 @@ def packed_params(cfg, seed):
 
 def count_products(monkeypatch):
     calls = []
-    real = tl_model._matmul_rows
-    monkeypatch.setattr(tl_model, "_matmul_rows", lambda x, w: calls.append(w.shape) or real(x, w))
+    real = tl_model.matmul_rows
+    monkeypatch.setattr(tl_model, "matmul_rows", lambda x, w: calls.append(w.shape) or real(x, w))
     return calls
 
 

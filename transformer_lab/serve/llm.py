@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..model import row_invariant_products
+from ..products import row_invariant_products
 from ..params import check_params
 from ..speculative import Sampler, accept
 from .block_manager import BlockManager
@@ -33,7 +33,7 @@ from .speculative_config import SpeculativeConfig
 # Without num_blocks or kv_cache_memory, the pool holds max_num_seqs full-length
 # sequences, capped at this many bytes (256 MiB: 5 825 SmolLM2 tokens, 364 blocks of 16).
 DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
-# Rows per product in batch_invariant mode (model.row_invariant_products): a GEMM of 32
+# Rows per product in batch_invariant mode (products.row_invariant_products): a GEMM of 32
 # rows costs little more than one of 8 (the weight's packing dominates both), and a
 # prefill then needs a quarter as many calls.
 INVARIANT_ROWS = 32

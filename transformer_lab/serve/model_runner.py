@@ -28,7 +28,7 @@ bench_serving reports its share of the decode step.
 
 With batch_invariant, decodes are attended one sequence at a time too, over
 exactly their own context, and every product goes through fixed row blocks
-(model.row_invariant_products), so a sequence's numbers depend on it alone.
+(products.row_invariant_products), so a sequence's numbers depend on it alone.
 
 forward() computes logits only at the rows that pick a token (logits_at: the
 last row of a chunk that ends its sequence, every row of a verify chunk); the

@@ -1,0 +1,81 @@
+"""How x [M, in] @ w [in, out] is computed: the one place the product's form is chosen.
+
+Every weight product of the core (model.py's linear layers, the packed ones, the head,
+and mla.py's projections) goes through matmul_rows, so the decode step, the prefill
+and the speculative verify pass all take the same choice. row_invariant_products makes
+a row's result independent of the rows that share its product (the serving engine's
+batch_invariant mode).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import numpy as np
+
+# The form, by the number of rows M. OpenBLAS's GEMM packs the weight into its buffers
+# on every call, which costs more than the arithmetic when M is small, while a GEMV
+# streams the weight once per row without packing. Measured for issue 17 on SmolLM2's
+# 30 layers (float32, 2 threads, scipy-openblas 0.3.31), ms: M=1 15.4; stacked GEMM
+# M=2 36.5, M=4 37.5, M=8 28.8, M=16 39.8; one GEMV per row M=2 20.9, M=4 29.6. So
+# M = 2..4 takes a GEMV per row, M = 5..7 is zero-padded to one GEMM of 8 rows, and the
+# rest is one GEMM. `python -m benchmarks --only serving` re-measures every form side by
+# side (benchmarks/bench_serving.py, small_m_table; docs/performance.md has the table).
+# A row's GEMV result equals the M = 1 product's, so small decode batches give the
+# same bits as one sequence alone. (On this OpenBLAS a GEMM row also comes out the same
+# for any M >= 2, but no BLAS promises that: batch invariance uses fixed shapes below.)
+# Tried and not used: a stacked GEMM over tiles of 16-64 columns split between two
+# Python threads. Alone, the 30 layers' products took 28.6 / 34.0 / 42.9 ms at
+# M = 4 / 8 / 16 against 45.9 / 55.8 / 63.0; inside the engine's step no faster, because
+# OpenBLAS's own threads, woken by the multi-threaded products around them (the head,
+# prefill), spin on the second core.
+_GEMV_ROWS = range(2, 5)
+_PAD_ROWS = range(5, 8)
+_PAD_TO = 8
+_invariant_rows = contextvars.ContextVar("invariant_rows", default=0)
+
+
+def matmul_rows(x, w):
+    """x [..., in] @ w [in, out] as 2-D products over all rows (NumPy's matmul of a stacked
+    [B, T, in] by a 2-D weight can be several times slower). The form depends on the row
+    count M (see above): one GEMM, one GEMV per row, or a GEMM padded to 8 rows. Under
+    row_invariant_products(rows), always GEMMs of exactly `rows` rows (zero-padded), so
+    each row's result is the same whatever rows share the product. dtype is kept."""
+    x2 = x.reshape(-1, x.shape[-1])
+    m, rows = x2.shape[0], _invariant_rows.get()
+    if rows:
+        y = _fixed_block_product(x2, w, rows)
+    elif m in _GEMV_ROWS:
+        y = np.empty((m, w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
+        for i in range(m):
+            np.matmul(x2[i], w, out=y[i])
+    elif m in _PAD_ROWS:
+        y = _fixed_block_product(x2, w, _PAD_TO)
+    else:
+        y = x2 @ w
+    return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
+def _fixed_block_product(x2, w, rows):
+    """x2 [M, in] @ w as GEMMs of exactly `rows` rows each, the last block zero-padded."""
+    m = x2.shape[0]
+    padded = -(-m // rows) * rows
+    if padded != m:
+        x2 = np.concatenate([x2, np.zeros((padded - m, x2.shape[1]), dtype=x2.dtype)])
+    y = np.empty((padded, w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
+    for i in range(0, padded, rows):
+        np.matmul(x2[i:i + rows], w, out=y[i:i + rows])
+    return y[:m]
+
+
+@contextlib.contextmanager
+def row_invariant_products(rows=8):
+    """Within the block, every product in matmul_rows runs as GEMMs of exactly `rows`
+    rows: BLAS picks its kernel and blocking by shape, so a fixed shape makes a row's
+    result independent of how many rows share the product (the serving engine's
+    batch_invariant mode). Costs the padding, and small-M forms are not used."""
+    token = _invariant_rows.set(int(rows))
+    try:
+        yield
+    finally:
+        _invariant_rows.reset(token)
