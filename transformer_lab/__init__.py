@@ -16,6 +16,7 @@ from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backwar
                   gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
                   rms_norm_backward, silu, silu_backward, softmax)
 from .training.optim import AdamW, clip_grad_norm, cosine_lr
+from .precision import DynamicLossScaler, format_info, round_to
 from .positions import apply_rope, apply_rope_backward, rope_angles, sinusoidal_pe
 from .training.tasks import TASKS, Task, get_task
 from .pretrained.tokenizer import BPETokenizer
@@ -37,4 +38,5 @@ __all__ = [
     "load_gguf", "find_model", "BPETokenizer",
     "AdamW", "clip_grad_norm", "cosine_lr", "save_checkpoint", "load_checkpoint",
     "TASKS", "Task", "get_task",
+    "round_to", "format_info", "DynamicLossScaler",
 ]
