@@ -2,6 +2,8 @@
 from .acts import ActivationRecord
 from .attention import (attention_core, attention_core_backward, attention_reference,
                         attention_weights, causal_mask)
+from .flash import (flash_attention, flash_attention_backward, flash_blocks, flash_io, flash_tiles,
+                    merge_attention)
 from .training.backward import loss_and_grads
 from .cache import KVCache
 from .training.checkpoint import load_checkpoint, save_checkpoint
@@ -30,6 +32,8 @@ __all__ = [
     "forward", "loss", "ActivationRecord",
     "generate", "generate_stream", "sample_next", "KVCache", "loss_and_grads",
     "attention_core", "attention_reference", "attention_weights", "causal_mask",
+    "flash_attention", "flash_attention_backward", "merge_attention", "flash_io", "flash_tiles",
+    "flash_blocks",
     "mla_attention", "mla_attention_naive", "mla_attention_absorbed",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
     "sinusoidal_pe", "rope_angles", "apply_rope", "cross_entropy",
