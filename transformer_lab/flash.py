@@ -31,6 +31,16 @@ from .attention import _check_offset, _check_shapes
 from .validate import check_int
 
 
+def _check_inputs(q, k, v, offset, causal, fn):
+    """attention_core's own checks of shapes and offsets, reported under fn's name."""
+    try:
+        offset = _check_offset(offset)
+        _check_shapes(q, k, v, offset, causal)
+    except ValueError as e:
+        raise ValueError(str(e).replace("attention_core", fn, 1)) from None
+    return offset
+
+
 def _check_blocks(block_q, block_k, fn):
     what = "a positive int (the rows or keys of one tile)"
     return (check_int(block_q, f"{fn}: block_q", low=1, what=what),
@@ -97,8 +107,7 @@ def flash_attention(q, k, v, offset=0, *, causal=True, scale=None, block_q=64, b
     and exp(s - m_new) @ V. Causal tiles wholly above the diagonal are skipped.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    offset = _check_offset(offset)
-    _check_shapes(q, k, v, offset, causal)
+    offset = _check_inputs(q, k, v, offset, causal, "flash_attention")
     block_q, block_k = _check_blocks(block_q, block_k, "flash_attention")
     B, T, H, D = q.shape
     S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -157,8 +166,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, offset=0, *, causal=True, 
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     dout, out, lse = np.asarray(dout), np.asarray(out), np.asarray(lse)
     fn = "flash_attention_backward"
-    offset = _check_offset(offset)
-    _check_shapes(q, k, v, offset, causal)
+    offset = _check_inputs(q, k, v, offset, causal, fn)
     block_q, block_k = _check_blocks(block_q, block_k, fn)
     B, T, H, D = q.shape
     S, G, Dv = k.shape[1], k.shape[2], v.shape[3]

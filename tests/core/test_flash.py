@@ -261,7 +261,7 @@ def test_bad_block_sizes(kwargs, match):
 
 def test_shape_mismatches_are_one_line():
     q, k, v = make_qkv(13, 1, 4, 4, 4, 2, 4)
-    with pytest.raises(ValueError, match="H=4 query heads is not a multiple of G=3"):
+    with pytest.raises(ValueError, match="^flash_attention: H=4 query heads is not a multiple of G=3"):
         flash_attention(q, np.zeros((1, 4, 3, 4)), np.zeros((1, 4, 3, 4)))
     with pytest.raises(ValueError, match="head_dim mismatch"):
         flash_attention(q, k[..., :2], v)
@@ -269,6 +269,8 @@ def test_shape_mismatches_are_one_line():
         flash_attention(q, k, v, offset=1)
     with pytest.raises(ValueError, match="per-row offsets must be"):
         flash_attention(q, k, v, offset=np.array([0, 1]))
+    with pytest.raises(ValueError, match="^flash_attention_backward: batch mismatch"):
+        flash_attention_backward(q, q, k[:0], v[:0], q, q)
 
 
 def test_backward_checks_lse_out_and_dout():
