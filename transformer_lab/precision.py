@@ -87,14 +87,15 @@ MANTISSA = np.uint32(0x007F_FFFF)
 IMPLICIT = np.uint32(0x0080_0000)  # the leading 1 of a normal float32's significand
 
 
-def _shift_right_even(v, drop):
-    """v >> drop rounded to nearest, ties to even: unsigned ints, drop >= 1 (array or int)."""
+def _round_off(v, drop):
+    """v >> drop, rounded to nearest, ties to even (unsigned ints; drop >= 1, an int or an
+    array). Adding half - 1, and 1 more when the kept part is odd, carries into the kept
+    part exactly when the dropped bits are past half, or at half with the kept part odd:
+    PyTorch's round_to_nearest_even for bfloat16, for any number of dropped bits."""
+    one = np.uint32(1)
     drop = np.asarray(drop, dtype=np.uint32)
-    kept = v >> drop
-    rest = v & ((np.uint32(1) << drop) - np.uint32(1))  # the bits shifted out
-    half = np.uint32(1) << (drop - np.uint32(1))
-    up = (rest > half) | ((rest == half) & ((kept & np.uint32(1)) == 1))
-    return kept + up.astype(np.uint32)
+    odd = (v >> drop) & one
+    return (v + ((one << (drop - one)) - one) + odd) >> drop
 
 
 def round_to(x, fmt):
@@ -107,31 +108,36 @@ def round_to(x, fmt):
     if x.dtype != np.float32:
         raise ValueError(f"round_to: x must be float32, got {x.dtype}; pass "
                          f"np.asarray(x, dtype=np.float32)")
-    bits = x.view(np.uint32)
-    sign, a = bits & SIGN, bits & ABS  # a: |x|'s bits, which order like |x| itself
-    e32 = a >> np.uint32(23)  # float32's biased exponent; 0 for zero and subnormals
-    e_min32 = info.emin + 127  # the format's smallest normal, as a float32 exponent
+    bits = x.reshape(-1).view(np.uint32)  # 1-D, so that a 0-d x works in place too
+    a = bits & ABS  # |x|'s bits, which order like |x| itself
+    e_min32 = np.uint32(info.emin + 127)  # the smallest normal's exponent, in float32's bias
     drop = 23 - info.mantissa_bits  # float32 mantissa bits the format does not have
 
-    # Normal range: drop the low bits of the pattern, rounding; a carry out of the
-    # mantissa steps the exponent up, which is exactly right (1.11..1 rounds to 2.0).
-    normal = _shift_right_even(a, drop) << np.uint32(drop)
+    # Normal range: round the low bits of the pattern away; a carry out of the mantissa
+    # steps the exponent up, which is exactly right (1.11..1 rounds up to 2.0).
+    out = _round_off(a, drop) << np.uint32(drop)
 
-    # Subnormal range: the spacing is fixed at 2^(emin - m). Round the significand
-    # (with its implicit 1) to a multiple of that spacing: n of them, n <= 2^m.
-    significand = (a & MANTISSA) | np.where(e32 > 0, IMPLICIT, np.uint32(0))
-    extra = e_min32 - np.maximum(e32.astype(np.int32), 1)  # binades below the smallest normal
-    n = _shift_right_even(significand, np.clip(drop + extra, 1, 25))  # >= 25 drops all 24 bits
-    # n * 2^(emin - m) is a float32 value exactly (n < 2^11 and a power of two), so the
-    # product is exact; it gives the pattern without counting leading zeros by hand.
-    sub = (n.astype(np.float32) * np.float32(info.min_subnormal)).view(np.uint32)
+    # Subnormal range (below 2^emin): the spacing stays 2^(emin - m). Round the
+    # significand, with its implicit 1, to a multiple of it: n spacings, n <= 2^m.
+    low = a < (e_min32 << np.uint32(23))
+    if low.any():
+        small = a[low]
+        e32 = small >> np.uint32(23)  # float32's biased exponent: 0 for zero and subnormals
+        significand = (small & MANTISSA) | np.where(e32 > 0, IMPLICIT, np.uint32(0))
+        binades = e_min32.astype(np.int64) - np.maximum(e32, 1)  # how far below 2^emin
+        n = _round_off(significand, np.minimum(drop + binades, 25))  # 25: all 24 bits go
+        # n * 2^(emin - m) is a float32 exactly (n < 2^11 times a power of two): the
+        # product writes the pattern without counting leading zeros by hand.
+        out[low] = (n.astype(np.float32) * np.float32(info.min_subnormal)).view(np.uint32)
 
-    out = np.where(e32 >= e_min32, normal, sub)
     max_bits = np.float32(info.max).view(np.uint32)
-    past = INF if info.overflow == "inf" else max_bits
-    out = np.where(out > max_bits, past, out)  # an inf input lands here too
-    out = np.where(a > INF, QUIET_NAN, out)  # NaN stays NaN
-    return (out | sign).view(np.float32)
+    if info.overflow == "saturate":
+        np.minimum(out, max_bits, out=out)  # an inf input saturates too
+    else:
+        out[out > max_bits] = INF  # past the largest finite: the next grid value is 2^(emax+1)
+    out[a > INF] = QUIET_NAN  # NaN stays NaN
+    out |= bits & SIGN
+    return out.view(np.float32).reshape(x.shape)
 
 
 # ---------------------------------------------------------------- products in a format
@@ -167,7 +173,8 @@ def product(a, b):
     fmt = _computing.get()
     if fmt is None:
         return a @ b
-    return round_to(round_to(a, fmt) @ round_to(b, fmt), fmt)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the format's to show
+        return round_to(round_to(a, fmt) @ round_to(b, fmt), fmt)
 
 
 # ---------------------------------------------------------------- loss scaling

@@ -13,6 +13,8 @@ import contextvars
 
 import numpy as np
 
+from .precision import rounded
+
 # The form, by the number of rows M. OpenBLAS's GEMM packs the weight into its buffers
 # on every call, which costs more than the arithmetic when M is small, while a GEMV
 # streams the weight once per row without packing. Measured for issue 17 on SmolLM2's
@@ -40,8 +42,9 @@ def matmul_rows(x, w):
     [B, T, in] by a 2-D weight can be several times slower). The form depends on the row
     count M (see above): one GEMM, one GEMV per row, or a GEMM padded to 8 rows. Under
     row_invariant_products(rows), always GEMMs of exactly `rows` rows (zero-padded), so
-    each row's result is the same whatever rows share the product. dtype is kept."""
-    x2 = x.reshape(-1, x.shape[-1])
+    each row's result is the same whatever rows share the product. dtype is kept.
+    Under precision.computing_in(fmt) the inputs and the output are rounded to fmt."""
+    x2, w = rounded(x.reshape(-1, x.shape[-1])), rounded(w)  # no-ops outside computing_in
     m, rows = x2.shape[0], _invariant_rows.get()
     if rows:
         y = _fixed_block_product(x2, w, rows)
@@ -53,7 +56,7 @@ def matmul_rows(x, w):
         y = _fixed_block_product(x2, w, _PAD_TO)
     else:
         y = x2 @ w
-    return y.reshape(*x.shape[:-1], w.shape[-1])
+    return rounded(y).reshape(*x.shape[:-1], w.shape[-1])
 
 
 def _fixed_block_product(x2, w, rows):

@@ -38,6 +38,7 @@ from ..measure import set_blas_threads
 from ..generation import sample_next
 from ..model import forward
 from ..params import init_params, named_params
+from ..training.mixed import PRECISIONS, make_precision
 from ..training.optim import AdamW, clip_grad_norm, cosine_lr
 from ..training.tasks import TASKS, get_task
 
@@ -56,24 +57,33 @@ QUICK_SEQ = {"induction": 16, "reverse": 8, "text": 32}
 # machine it costs several times the step time, as the threads wait for each other.
 MANY_THREADS_FROM = 256
 # On --resume the model and its data are the checkpoint's; the training options may change.
-FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed")
+FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed", "precision")
 CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
 
 
 # ---------------------------------------------------------------- one step
 
-def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0):
+def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0, precision=None):
     """One optimisation step in place: (loss, gradient norm before clipping).
 
-    clip=None skips clipping (the norm is still measured and returned).
+    clip=None skips clipping (the norm is still measured and returned). precision: a
+    training.mixed.Precision (None: float32); a step its loss scaler skips returns
+    (loss, inf) with precision.skipped_last set.
     """
-    loss, grads = loss_and_grads(params, cfg, tokens, targets)
+    if precision is None:
+        loss, grads = loss_and_grads(params, cfg, tokens, targets)
+    else:
+        loss, grads = precision.loss_and_grads(params, cfg, tokens, targets)
+        if grads is None:  # the scaled grads overflowed: no update, the scale backed off
+            return loss, math.inf
     if clip is None:
         norm = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for _, g in named_params(grads)))
     else:
         norm = clip_grad_norm(grads, clip)
     if math.isfinite(loss) and math.isfinite(norm):
         opt.step(grads)
+        if precision is not None:
+            precision.after_step(params)
     return loss, norm
 
 
@@ -116,6 +126,9 @@ def build_parser():
     p.add_argument("--d-model", metavar="D", type=int_at_least(1), help=f"width (default {DEFAULTS['d_model']})")
     p.add_argument("--layers", metavar="N", type=int_at_least(1), help=f"blocks (default {DEFAULTS['layers']})")
     p.add_argument("--heads", metavar="H", type=int_at_least(1), help=f"attention heads (default {DEFAULTS['heads']})")
+    p.add_argument("--precision", choices=PRECISIONS, metavar="P", default="fp32",
+                   help="fp32 (default), bf16 (the weights in BF16), bf16-mixed or fp16-mixed "
+                        "(FP32 master weights, products in the format; fp16 with loss scaling)")
     p.add_argument("--seed", metavar="N", type=non_negative_int, default=0, help="seed for the weights and the batches (default 0)")
     p.add_argument("--out", metavar="DIR", help="where the checkpoint and history go "
                    "(default runs/TASK)")
@@ -223,7 +236,8 @@ class Progress:
     def update(self, row):
         self.recent.append((row["tokens_per_s"] * row["seconds"], row["seconds"]))
         rate = sum(t for t, _ in self.recent) / sum(s for _, s in self.recent)  # last 10 steps
-        stats = (f"loss {row['loss']:.3f} |g| {row['grad_norm']:.2f} lr {row['lr']:.1e} "
+        norm = "skip" if row["grad_norm"] is None else f"{row['grad_norm']:.2f}"  # loss scaler
+        stats = (f"loss {row['loss']:.3f} |g| {norm} lr {row['lr']:.1e} "
                  f"{rate / 1000:.1f}k tok/s")
         if self.bar is not None:
             self.bar.update(self.task, completed=row["step"], stats=stats)
@@ -241,10 +255,11 @@ def write_json_atomic(path: Path, obj):
         f.write("\n")
 
 
-def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts):
+def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts, scaler=None):
+    extra = {} if scaler is None else {"loss_scaler": scaler.state_dict()}
     save_checkpoint(args.out / CHECKPOINT, params, cfg, step=step, optimizer=opt.state_dict(),
                     rng=rng.bit_generator.state, history=history, options=run_opts,
-                    task=task_opts)
+                    task=task_opts, **extra)
     write_json_atomic(args.out / HISTORY, {
         "task": task_opts, "options": run_opts,
         "config": config_to_dict(cfg),
@@ -339,6 +354,7 @@ def run(args, parser, given=frozenset()) -> int:
                                f"not --task {args.task}")
         step, history = int(extra["step"]), list(extra["history"])
         run_opts = dict(extra["options"])
+        run_opts.setdefault("precision", "fp32")  # checkpoints from before --precision
         for key in FIXED_ON_RESUME:
             option = "--" + key.replace("_", "-")
             if key in given and getattr(args, key) != run_opts[key]:
@@ -363,7 +379,7 @@ def run(args, parser, given=frozenset()) -> int:
         task_opts = task_options(args)
         run_opts = {k: getattr(args, k) for k in
                     ("steps", "batch", "lr", "min_lr", "warmup", "weight_decay", "clip", "arch",
-                     "d_model", "layers", "heads", "seed")}
+                     "d_model", "layers", "heads", "seed", "precision")}
         step, history = 0, []
         rng = None
     try:
@@ -376,6 +392,9 @@ def run(args, parser, given=frozenset()) -> int:
         params = init_params(cfg, seed=args.seed)
         opt = AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
         rng = np.random.default_rng(args.seed)
+    precision = make_precision(run_opts["precision"])
+    if args.resume and precision.scaler is not None and "loss_scaler" in extra:
+        precision.scaler.load_state_dict(extra["loss_scaler"])
     total = run_opts["steps"]
     n_params = sum(a.size for _, a in named_params(params))
     threads = args.threads or (1 if cfg.d_model < MANY_THREADS_FROM else None)
@@ -385,7 +404,7 @@ def run(args, parser, given=frozenset()) -> int:
     with Progress(step, total) as progress:
         progress.print(f"{task.name}: {task.description}")
         progress.print(f"model: {run_opts['arch']}, d_model {cfg.d_model}, {cfg.n_layers} layers, "
-                       f"{cfg.n_heads} heads, vocab {cfg.vocab}, {n_params:,} params, float32; "
+                       f"{cfg.n_heads} heads, vocab {cfg.vocab}, {n_params:,} params, {run_opts['precision']}; "
                        f"batch {run_opts['batch']} x {task.seq} tokens; "
                        f"BLAS threads {threads or 'default'}"
                        + (f"; resuming at step {step}" if step else ""))
@@ -395,9 +414,12 @@ def run(args, parser, given=frozenset()) -> int:
                 opt.lr = cosine_lr(step, max_lr=run_opts["lr"], warmup=run_opts["warmup"],
                                    total=total, min_lr=run_opts["min_lr"])
                 start = time.perf_counter()
-                loss, norm = train_step(params, cfg, opt, tokens, targets, clip=run_opts["clip"])
+                loss, norm = train_step(params, cfg, opt, tokens, targets, clip=run_opts["clip"],
+                                        precision=precision)
                 seconds = time.perf_counter() - start
-                if not (math.isfinite(loss) and math.isfinite(norm)):
+                if precision.skipped_last:  # fp16's loss scaler skipped it: not an error
+                    norm = None
+                elif not (math.isfinite(loss) and math.isfinite(norm)):
                     progress.print(f"error: the loss became {loss} (grad norm {norm}) at step "
                                    f"{step + 1}; nothing was saved. Try a lower --lr.")
                     return 1
@@ -407,9 +429,11 @@ def run(args, parser, given=frozenset()) -> int:
                 history.append(row)
                 progress.update(row)
                 if args.save_every and step % args.save_every == 0 and step < total:
-                    save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts)
+                    save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts,
+                             precision.scaler)
             # Still inside Interrupted: a Ctrl-C now waits for the save to finish.
-            save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts)
+            save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts,
+                     precision.scaler)
             interrupted = stop.requested
     if interrupted:
         print(f"interrupted: saved step {step} of {total} to {path}; continue with "
@@ -422,6 +446,9 @@ def run(args, parser, given=frozenset()) -> int:
     say(f"loss {first:.3f} at step 1 -> {np.mean([r['loss'] for r in recent]):.3f} "
         f"(mean of the last {len(recent)} steps); "
         f"{np.mean([r['tokens_per_s'] for r in recent]) / 1000:.1f}k tokens/s")
+    if precision.scaler is not None:
+        say(f"loss scale {precision.scaler.scale:g}; {precision.scaler.skipped} steps skipped "
+            f"for an overflow")
     say(f"saved {path} and {args.out / HISTORY}")
     if args.samples:
         say("samples:")

@@ -9,7 +9,8 @@ the params' own layout. The ops' backwards sit beside their forwards (ops.py,
 positions.py, attention.py), in the llm.c style; there is no autograd engine.
 
 Every matmul backward is two 2-D products over all B*T rows: dx = dy @ W^T and
-dW = x^T @ dy. Nothing loops over heads or positions.
+dW = x^T @ dy (precision.product: under computing_in, in a low-precision format).
+Nothing loops over heads or positions.
 """
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ from ..params import map_params, named_params
 from ..ops import (cross_entropy, cross_entropy_backward, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
 from ..positions import apply_rope_backward, rope_angles
+from ..precision import product
 
 
-def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):
+def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_scale=1.0):
     """(loss, grads) for next-token prediction: the loss as loss() computes it, and its
     gradient for every parameter, in the same nested layout as params.
+
+    loss_scale: the grads are those of loss_scale * loss (mixed precision's loss scaling,
+    see precision.DynamicLossScaler); the loss returned is the loss itself.
 
     targets is [B, T] of ids, or -1 at positions to leave out of the mean. With a
     tied head grads["tok_emb"] holds both the embedding's and the head's part.
@@ -36,11 +41,17 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None):
     if cache is not None:
         raise ValueError("loss_and_grads trains on whole sequences without a KV cache; "
                          "call it without cache=")
+    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float, np.floating)) \
+            or not np.isfinite(loss_scale) or loss_scale <= 0:
+        raise ValueError(f"loss_and_grads: loss_scale must be a finite number > 0, "
+                         f"got {loss_scale!r}")
     targets = check_targets(targets, tokens, cfg)
     acts = ActivationRecord()
     logits = forward(params, cfg, tokens, acts=acts)  # [B, T, V]; checks params and tokens
     loss = cross_entropy(logits, targets)
     dlogits = cross_entropy_backward(logits, targets)  # [B, T, V]
+    if loss_scale != 1.0:
+        dlogits *= float(loss_scale)  # a Python float: float32 stays float32
 
     grads = {}
     L, T = cfg.n_layers, logits.shape[1]
@@ -72,10 +83,10 @@ def linear_backward(dy, x, p, w, b):
     """
     dy2 = dy.reshape(-1, dy.shape[-1])  # [N, out]
     x2 = x.reshape(-1, x.shape[-1])  # [N, in]
-    grads = {w: x2.T @ dy2}  # [in, out]
+    grads = {w: product(x2.T, dy2)}  # [in, out]
     if b in p:
         grads[b] = dy2.sum(axis=0)  # [out]
-    dx = (dy2 @ p[w].T).reshape(*x.shape)  # [..., in]
+    dx = product(dy2, p[w].T).reshape(*x.shape)  # [..., in]
     return dx, grads
 
 
@@ -200,12 +211,12 @@ def lm_head_backward(dlogits, x, params, cfg: Config):
     grads = {}
     dtok = None
     if cfg.tie_embeddings:
-        dtok = dl2.T @ x2  # [V, d], the table's own layout
+        dtok = product(dl2.T, x2)  # [V, d], the table's own layout
     else:
-        grads["w"] = x2.T @ dl2  # [d, V]
+        grads["w"] = product(x2.T, dl2)  # [d, V]
     if "b" in head:
         grads["b"] = dl2.sum(axis=0)
-    return (dl2 @ w.T).reshape(x.shape), grads, dtok
+    return product(dl2, w.T).reshape(x.shape), grads, dtok
 
 
 def embed_backward(dx, tokens, cfg: Config):
