@@ -122,7 +122,7 @@ def test_chat_conversation_longer_than_the_context_exits_1(model_file):
 @needs_real_model
 def test_real_model_session_keeps_earlier_turns(monkeypatch, capsys):
     model = load_gguf(REAL_MODEL)
-    monkeypatch.setattr(chat, "load_gguf", lambda path: model)
+    monkeypatch.setattr(chat, "load_model", lambda path: model)
     lines = iter([FRANCE, "And of Germany?", "exit"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
     args = chat.build_parser().parse_args(["--greedy", "--max-new-tokens", "8"])

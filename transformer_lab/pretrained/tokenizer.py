@@ -222,6 +222,27 @@ class BPETokenizer:
         return b"".join(bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE else c.encode("utf-8")
                         for c in token)
 
+    # ------------------------------------------------------------ as plain data
+
+    def to_dict(self) -> dict:
+        """Everything that rebuilds this tokenizer, as JSON-able lists and numbers (no pickle):
+        BPETokenizer.from_dict(tok.to_dict()) encodes and decodes as tok does."""
+        merges = sorted(self._ranks.items(), key=lambda item: item[1])
+        return {"tokens": list(self.tokens), "merges": [f"{a} {b}" for (a, b), _ in merges],
+                "token_types": [int(t) for t in self.token_types], "pre": self.pre,
+                "bos_id": self.bos_id, "eos_id": self.eos_id}
+
+    @classmethod
+    def from_dict(cls, data) -> "BPETokenizer":
+        """The tokenizer that to_dict() describes; ValueError naming what is missing."""
+        if not isinstance(data, dict):
+            raise ValueError(f"tokenizer: expected a dict from to_dict(), got {type(data).__name__}")
+        missing = [key for key in ("tokens", "merges", "token_types", "pre") if key not in data]
+        if missing:
+            raise ValueError(f"tokenizer: the stored tokenizer lacks {', '.join(missing)}")
+        return cls(data["tokens"], data["merges"], data["token_types"], data["pre"],
+                   bos_id=data.get("bos_id"), eos_id=data.get("eos_id"))
+
     # ------------------------------------------------------------ queries
 
     @property

@@ -1,6 +1,7 @@
 """LLM: the offline serving API (vLLM's): add requests, step the engine until done, collect.
 
     llm = LLM()                                   # SmolLM2-135M from find_model()
+    llm = LLM("runs/json/model.npz")              # a fine-tuned model, alone (train --init)
     outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
     outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].metrics.ttft
 
@@ -148,8 +149,8 @@ class LLM:
     """
 
     def __init__(self, model=None, *, dtype=np.float32, **options):
-        from ..pretrained.gguf import find_model, load_gguf
-        cfg, params, tokenizer = load_gguf(find_model(model), dtype=dtype)
+        from ..training.checkpoint import load_model
+        cfg, params, tokenizer = load_model(model, dtype=dtype)  # a GGUF file or a model.npz
         self._setup(cfg, params, tokenizer, **options)
 
     @classmethod

@@ -17,6 +17,7 @@ checkpoint whole.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Config
+from ..config import DTYPES, Config
 from ..params import check_params, map_params, named_params, param_shapes
 
 FORMAT = "transformer_lab.checkpoint"
@@ -165,3 +166,98 @@ def _rebuild(shapes, arrays):
         return arrays[f"params/{name}"]
 
     return map_params(leaf, shapes, names=True)
+
+
+# ---------------------------------------------------------------- a model that runs alone
+
+# model.npz: a checkpoint whose extra holds the tokenizer and the chat template, so the
+# engine, the chat command and the server run it with nothing beside it.
+MODEL_KIND = "model"
+CHAT_TEMPLATE = "chatml"  # the one pretrained/chat_template.py writes
+
+
+def save_model(path, params, cfg: Config, tokenizer, **extra):
+    """Write a model file: params, cfg, the tokenizer (vocabulary, merges, special-token
+    types) and the chat template's name, plus `extra` (how it was trained), atomically."""
+    from ..pretrained.chat_template import SMOLLM2_SYSTEM_PROMPT
+    return save_checkpoint(path, params, cfg, kind=MODEL_KIND, tokenizer=tokenizer.to_dict(),
+                           chat_template={"name": CHAT_TEMPLATE,
+                                          "default_system": SMOLLM2_SYSTEM_PROMPT},
+                           **extra)
+
+
+def load_model(path=None, dtype=np.float32):
+    """(cfg, params, tokenizer) from a model file: a model.npz that save_model wrote, or a
+    GGUF file (None: the installed default model). The weights come back packed
+    (pack_weights), in `dtype`. A checkpoint without a tokenizer, or a file that is
+    neither, raises ValueError naming it."""
+    from ..params import pack_weights
+    from ..pretrained.gguf import GGUF_MAGIC, find_model, load_gguf
+    from ..pretrained.tokenizer import BPETokenizer
+    try:
+        wanted = np.dtype(dtype)
+    except TypeError:
+        wanted = None
+    if wanted not in DTYPES:
+        raise ValueError(f"load_model: dtype must be float32 or float64, got {dtype!r}")
+    path = find_model(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == GGUF_MAGIC:
+        return load_gguf(path, dtype=dtype)
+    if magic[:2] != b"PK":  # an .npz is a zip file
+        raise ValueError(f"{path} is neither a GGUF file nor a transformer_lab model.npz "
+                         f"(it starts with {magic!r})")
+    cfg, params, extra = load_checkpoint(path)
+    if extra.get("kind") != MODEL_KIND or "tokenizer" not in extra:
+        raise ValueError(f"{path} is a transformer_lab checkpoint without a tokenizer "
+                         f"(a training checkpoint?); give a model.npz written by "
+                         f"python -m transformer_lab.train --init ...")
+    template = extra.get("chat_template", {}).get("name")
+    if template != CHAT_TEMPLATE:
+        raise ValueError(f"{path}: chat template {template!r} is not supported "
+                         f"(only {CHAT_TEMPLATE!r})")
+    try:
+        tokenizer = BPETokenizer.from_dict(extra["tokenizer"])
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if tokenizer.vocab_size > cfg.vocab:
+        raise ValueError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the "
+                         f"model only {cfg.vocab} embeddings")
+    if wanted != cfg.dtype:
+        cfg = dataclasses.replace(cfg, dtype=wanted)
+        params = map_params(lambda a: a.astype(cfg.dtype), params)
+    return cfg, pack_weights(params, cfg), tokenizer
+
+
+ADAPTERS_FORMAT = "transformer_lab.adapters"
+
+
+def save_adapters(path, adapters, cfg: Config, *, rank, alpha, targets, **extra):
+    """Write LoRA adapters alone (each {"A", "B"} pair in the adapters' layout), with the
+    config of the model they adapt and rank, alpha and targets, atomically."""
+    arrays = {}
+    meta = {"format": ADAPTERS_FORMAT, "version": VERSION, "config": config_to_dict(cfg),
+            "lora": {"rank": int(rank), "alpha": float(alpha), "targets": list(targets)},
+            "adapters": _encode(adapters, "adapters", arrays), "extra": _encode(extra, "", arrays)}
+    arrays[META_KEY] = np.array(json.dumps(meta))
+    with atomic_write(path, "wb") as f:
+        np.savez(f, **arrays)
+    return Path(path)
+
+
+def load_adapters(path):
+    """(cfg, adapters, lora options {"rank", "alpha", "targets"}) from save_adapters' file."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no adapters at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {key: z[key] for key in z.files}
+        meta = json.loads(str(arrays.pop(META_KEY)))
+        if meta.get("format") != ADAPTERS_FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, not {ADAPTERS_FORMAT!r}")
+        return Config(**meta["config"]), _decode(meta["adapters"], arrays), meta["lora"]
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, TypeError,
+            AttributeError) as exc:
+        raise ValueError(f"{path} is not a transformer_lab adapters file: {exc}") from None
