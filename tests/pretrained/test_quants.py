@@ -1,4 +1,5 @@
-"""quants.dequantize_transposed gives gguf.quants' values, bit for bit, already transposed."""
+"""quants against the gguf package: dequantize_transposed gives its values bit for bit, already
+transposed; quantize its bytes, byte for byte, on random arrays and on SmolLM2's own weights."""
 import numpy as np
 import pytest
 
@@ -6,7 +7,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
+from real_model import MODEL_PATH, needs_real_model  # noqa: E402
 from transformer_lab.pretrained import quants  # noqa: E402
+from transformer_lab.pretrained.gguf_file import GGUFFile  # noqa: E402
 
 KINDS = sorted(quants.BLOCK_BYTES)
 
@@ -44,3 +47,53 @@ def test_writes_into_a_column_major_destination():
     out = np.empty((96, 16), np.float32, order="F")
     quants.dequantize_transposed(data, "Q8_0", out)
     np.testing.assert_array_equal(out, dequantize(data, Q.Q8_0).T)
+
+
+# ---------------------------------------------------------------- quantize, byte for byte
+
+def test_lowercase_and_gguf_names_are_the_same_kinds():
+    assert quants.KINDS == ("q8_0", "q4_0", "q4_1")
+    w = matrix()
+    np.testing.assert_array_equal(quants.quantize(w, "q4_1"), quants.quantize(w, "Q4_1"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(24, 96), (3, 5, 64), (32,)])
+def test_quantize_gives_the_gguf_packages_bytes(kind, shape):
+    rng = np.random.default_rng(len(shape))
+    w = matrix() if shape == (24, 96) else rng.standard_normal(shape).astype(np.float32)
+    got = quants.quantize(w, kind)
+    want = quantize(w, Q[kind])
+    assert got.dtype == np.uint8 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(quants.dequantize(got, kind, w.shape), dequantize(want, Q[kind]))
+
+
+def test_ties_between_a_value_and_its_negation_pick_the_first_as_gguf_does():
+    w = np.zeros((2, 32), np.float32)
+    w[0, 3], w[0, 9] = -2.0, 2.0  # Q4_0's d takes the sign of the first largest magnitude
+    w[1, 3], w[1, 9] = 2.0, -2.0
+    w[:, 10] = 0.75  # exactly half a step in Q8_0 and Q4_0: rounding away from zero
+    for kind in KINDS:
+        np.testing.assert_array_equal(quants.quantize(w, kind), quantize(w, Q[kind]))
+
+
+@needs_real_model
+@pytest.mark.parametrize("kind", KINDS)
+def test_quantize_gives_the_gguf_packages_bytes_on_smollm2s_weights(kind):
+    reader = GGUFFile(MODEL_PATH)
+    by_name = {t.name: t for t in reader.tensors}
+    for name in ("blk.0.attn_q.weight", "blk.7.ffn_down.weight", "token_embd.weight"):
+        t = by_name[name]
+        w = dequantize(t.data[:256], t.tensor_type)  # [rows, in]: the file's own values
+        np.testing.assert_array_equal(quants.quantize(w, kind), quantize(w, Q[kind]), err_msg=name)
+
+
+def test_the_files_q4_1_weights_come_back_from_q4_1_almost_unchanged():
+    """Quantizing values that already lie on a Q4_1 grid finds the same grid: why the demo's
+    q4_1 row is nearly lossless against SmolLM2's shipped (Q4_1) weights."""
+    data = quantize(matrix(), Q.Q4_1)
+    w = dequantize(data, Q.Q4_1)
+    again = quants.dequantize(quants.quantize(w, "q4_1"), "q4_1", w.shape)
+    step = np.abs(w).max() / 15
+    assert np.abs(again - w).max() < 1e-2 * step
