@@ -29,6 +29,7 @@ import re
 
 import numpy as np
 
+from ..precision import round_to
 from ..validate import check_int
 
 BLOCK = 32
@@ -136,14 +137,6 @@ def dequantize_transposed(data, kind: str, out):
     if kind == "Q4_1":
         grid += _float16(blocks, 2).T[:, None, :]  # m
     return out
-
-
-def round_bf16(w):
-    """w rounded to bfloat16 (nearest, ties to even) and given back as float32: the top
-    16 bits of each float32 kept, as ggml's fp32-to-bf16 does (NaN is not expected)."""
-    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
-    bits = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) & np.uint32(0xFFFF0000)
-    return bits.view(np.float32)
 
 
 # ---------------------------------------------------------------- group-wise RTN and AWQ
@@ -378,7 +371,7 @@ def quantize_model(params, cfg, kind, calibration=None):
     linears = {(i, g, k) for i in range(cfg.n_layers) for g, k in _linear_names(cfg)}
     if what == "float":
         linear_bytes = table_bytes = other_bytes = FLOAT_KINDS[kind]
-        store = (lambda w, is_linear: w) if kind == "float32" else (lambda w, is_linear: round_bf16(w))
+        store = (lambda w, is_linear: w) if kind == "float32" else (lambda w, is_linear: round_to(w, "bf16"))
     else:
         linear_bytes = (BLOCK_BYTES[kind.upper()] / BLOCK if what == "gguf"
                         else group_bits(bits, group_size) / 8)
