@@ -6,13 +6,11 @@ torch.optim.AdamW) on copies of the same weights with the same threads.
 """
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 
 from transformer_lab import (AdamW, clip_grad_norm, forward, init_params, llama_config,
                              loss_and_grads, named_params)
-from transformer_lab.measure import matmul_peak, param_bytes
+from transformer_lab.measure import matmul_peak, param_bytes, peak_traced_bytes
 from transformer_lab.measure.flops import train_step_flops
 from transformer_lab.measure import time_side_by_side as measure_side_by_side
 
@@ -44,15 +42,7 @@ def activation_bytes(params, cfg, tokens):
 def peak_step_bytes(params, cfg, tokens, targets):
     """The most memory NumPy held at once during loss_and_grads, above what was held before
     (tracemalloc sees NumPy's array allocations): activations, gradients and temporaries."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        loss_and_grads(params, cfg, tokens, targets)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    return peak - base
+    return peak_traced_bytes(lambda: loss_and_grads(params, cfg, tokens, targets))[1]
 
 
 def run_train(cfg, *, B=8, T=128, repeats=5, peak_n=2048, peak_repeats=5, use_torch=True):

@@ -225,6 +225,22 @@ def read_bandwidth(nbytes=512 * 2**20, *, repeats=5, matrix=None) -> dict:
     return {"bytes": a.nbytes, **stats, "bytes_per_s": a.nbytes / stats["best_s"]}
 
 
+def peak_traced_bytes(fn):
+    """(fn(), the most bytes it held at once above what was held before): tracemalloc sees
+    NumPy's array allocations, so this is fn's arrays and temporaries, its result included."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        value = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return value, peak - base
+
+
 def peak_rss_bytes():
     """The process's peak resident memory so far, or None where `resource` is missing."""
     try:
