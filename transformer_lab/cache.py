@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .attention import attention_core
+from .positions import apply_rope, rope_angles
 from .validate import check_int
 
 
@@ -189,3 +190,158 @@ class KVCache:
         layers = len(self.latent if self.mla else self.k)
         return (f"KVCache({'MLA, ' if self.mla else ''}layers={layers}, batch={self.batch}, "
                 f"length={held}/{self.max_len}, {self.nbytes / 2**20:.2f} MiB)")
+
+
+# ---------------------------------------------------------------- attention sinks
+
+def _per_row(value, name, batch, low):
+    """An int, or one int per row, as an int64 array [B]."""
+    values = value if isinstance(value, (list, tuple, np.ndarray)) else [value] * batch
+    if len(values) != batch:
+        raise ValueError(f"StreamingCache: {name} must be an int or one per row ({batch}), "
+                         f"got {len(values)} values")
+    what = "a positive int" if low == 1 else f"an int >= {low}"
+    return np.array([check_int(x, f"StreamingCache: {name}", low=low, what=what)
+                     for x in values], dtype=np.int64)
+
+
+class StreamingCache:
+    """StreamingLLM's cache (Xiao et al., 2023): the first `sinks` tokens and the last `window`.
+
+    A model trained with a causal mask leans on its first tokens as "attention sinks":
+    every query can see them, so heads that have nothing to attend to park their weight
+    there. A window alone drops them once the text is longer than the window, and the
+    softmax mass they held lands on whatever is left. Keeping the first few tokens beside
+    the window lets a model run on a text of any length in a fixed memory.
+
+    Keys are cached before RoPE and rotated by their place in the cache, slot j at
+    position j (mit-han-lab/streaming-llm's pos_shift attention), and a new token's query
+    sits at its own slot: every query-key distance stays below sinks + window. With the
+    tokens' original positions the window's distances would be the same (RoPE depends on
+    the distance only) but the sinks' would grow with the text, past the longest distance
+    the model was trained on (max_seq); and learned positions stop at max_seq altogether.
+
+    k[l] and v[l] are [B, sinks + window, G, D], the keys unrotated. `window` and `sinks`
+    are ints, or one per row, so variants can share one forward pass. Every forward feeds
+    at most `window` new tokens per row. Passed to forward(..., cache=) like a KVCache.
+    """
+
+    rotates_keys = True  # forward hands over unrotated keys (model.attention_block)
+
+    def __init__(self, cfg, batch, window, sinks=4):
+        batch = check_int(batch, "StreamingCache: batch", low=1, what="a positive int")
+        if cfg.attention == "mla":
+            raise ValueError("StreamingCache: MLA configs are not supported (use KVCache)")
+        self.batch = batch
+        self.window = _per_row(window, "window", batch, low=1)  # [B]
+        self.sinks = _per_row(sinks, "sinks", batch, low=0)  # [B]
+        self.capacity = self.sinks + self.window  # [B], tokens a row holds at most
+        self._lengths = np.zeros(batch, dtype=np.int64)  # [B], tokens held per row
+        self._seen = np.zeros(batch, dtype=np.int64)  # [B], tokens fed per row
+        self._layout = _cache_layout(cfg)
+        self._rope = (cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
+        self._angles = (None, None)  # (key, (cos, sin)): one step's angles, shared by the layers
+        shape = (batch, int(self.capacity.max()), cfg.n_kv_heads, cfg.head_dim)
+        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """How many tokens each row holds now, [B] (at most sinks + window)."""
+        return self._lengths.copy()
+
+    @property
+    def seen(self) -> np.ndarray:
+        """How many tokens each row has been fed, [B]."""
+        return self._seen.copy()
+
+    def _kept(self, new):
+        """How many held tokens each row keeps when `new` arrive, [B]: the oldest tokens
+        of the window leave to make room; the sinks stay."""
+        return np.minimum(self._lengths, self.capacity - new)
+
+    def slot_positions(self, end):
+        """The position slot j's key is rotated by: j, [end]. A subclass may return other
+        positions, [end] or [B, end] per row (demo 21 moves the sinks away this way)."""
+        return np.arange(end)
+
+    def _positions_of_slots(self, new):
+        """(kept [B], end, the slots' positions [B, end]) for `new` arriving tokens."""
+        kept = self._kept(new)
+        end = int(kept.max()) + new
+        return kept, end, np.broadcast_to(self.slot_positions(end), (self.batch, end))
+
+    # ------------------------------------------------------------ what forward() calls
+
+    def check(self, cfg, batch, new):
+        if batch != self.batch:
+            raise ValueError(f"cache was made for batch {self.batch}, tokens have batch {batch}")
+        if self._layout != _cache_layout(cfg):
+            raise ValueError("cache does not match this config (layers, K/V heads, head_dim "
+                             "or dtype)")
+        if new > self.window.min():
+            raise ValueError(f"StreamingCache: {new} new tokens exceed the window of "
+                             f"{int(self.window.min())}; feed at most that many at once")
+
+    def positions(self, new):
+        """The new tokens' slots after the eviction: [new], or [B, new] when rows differ."""
+        kept, _, slots = self._positions_of_slots(new)
+        at = np.take_along_axis(slots, kept[:, None] + np.arange(new), axis=1)  # [B, new]
+        return at[0].copy() if (at == at[0]).all() else at
+
+    def attend(self, layer, q, k, v, *, causal=True, wkv_b=None):
+        """Drop the tokens that leave, store the new K/V (k unrotated) after the kept ones,
+        rotate every key by its slot and attend; returns (out, keys, values, offset)."""
+        T = k.shape[1]
+        kept, end, slots = self._positions_of_slots(T)
+        keys, values = self.k[layer], self.v[layer]
+        leaving = self._lengths - kept  # [B]
+        if leaving.any():  # each row's window slides left over its leaving tokens
+            j = np.arange(keys.shape[1])
+            src = np.minimum(j + np.where(j >= self.sinks[:, None], leaving[:, None], 0),
+                             keys.shape[1] - 1)  # [B, capacity]: the slot each one comes from
+            rows = np.arange(self.batch)[:, None]
+            keys[:], values[:] = keys[rows, src], values[rows, src]
+        offset = int(kept[0]) if (kept == kept[0]).all() else kept
+        if isinstance(offset, int):
+            keys[:, offset:offset + T], values[:, offset:offset + T] = k, v
+        else:
+            rows, at = np.arange(self.batch)[:, None], kept[:, None] + np.arange(T)  # [B, T]
+            keys[rows, at], values[rows, at] = k, v
+        keys, values = keys[:, :end], values[:, :end]  # [B, end, G, D]
+        if self._rope is not None:
+            keys = apply_rope(keys, *self._slot_angles(end, slots))
+        return attention_core(q, keys, values, offset, causal=causal), keys, values, offset
+
+    def _slot_angles(self, end, slots):
+        """RoPE's (cos, sin) for the slots, [end, D/2] (or [B, end, D/2]): made once per
+        step, when the first layer asks, and reused by the others."""
+        key = (end, slots.tobytes())
+        if self._angles[0] != key:
+            same = (slots == slots[0]).all()
+            self._angles = (key, rope_angles(slots[0] if same else slots, *self._rope))
+        return self._angles[1]
+
+    def advance(self, new):
+        self._lengths = self._kept(new) + new
+        self._seen += new
+
+    # ------------------------------------------------------------ size
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of K and V the cache holds: sinks + window tokens per row, all layers."""
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def bytes_per_token(self) -> int:
+        """2 (K and V) * layers * G * D * itemsize."""
+        _, _, G, D = self.k[0].shape
+        return 2 * len(self.k) * G * D * self.k[0].itemsize
+
+    def __repr__(self):
+        def show(a):
+            return int(a[0]) if (a == a[0]).all() else a.tolist()
+        return (f"StreamingCache(layers={len(self.k)}, batch={self.batch}, "
+                f"sinks={show(self.sinks)}, window={show(self.window)}, "
+                f"held={show(self._lengths)}, seen={show(self._seen)}, "
+                f"{self.nbytes / 2**20:.2f} MiB)")

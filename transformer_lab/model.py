@@ -87,7 +87,11 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     k = k.reshape(B, T, G, D)  # [B, T, G, D]
     v = v.reshape(B, T, G, D)  # [B, T, G, D]
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q = apply_rope(q, *rope)
+        # A StreamingCache keeps its keys unrotated and turns them by their slot, which
+        # moves as tokens leave (cache.py); every other cache stores them rotated.
+        if not getattr(cache, "rotates_keys", False):
+            k = apply_rope(k, *rope)
     if cache is None:
         offset = 0
         out = attention_core(q, k, v, offset, causal=causal)  # [B, T, H*D]
@@ -205,6 +209,9 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
         cache.check(cfg, tokens.shape[0], T)
 
     use_rope = (cfg.pos == "rope") if use_rope is None else bool(use_rope)
+    if use_rope != (cfg.pos == "rope") and getattr(cache, "rotates_keys", False):
+        raise ValueError(f"forward: use_rope={use_rope} with a cache that rotates its own keys "
+                         f"as the config says (pos={cfg.pos!r})")
     rope = rope_angles(positions, cfg.rope_dim, cfg.rope_base) if use_rope else None
 
     x = embed(params, cfg, tokens, positions)  # [B, T, d]

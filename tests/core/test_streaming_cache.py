@@ -1,0 +1,166 @@
+"""StreamingCache: the first `sinks` tokens and the last `window`, keys rotated by their slot."""
+import numpy as np
+import pytest
+
+from transformer_lab import KVCache, StreamingCache, forward, init_params, llama_config
+
+CFG = llama_config(vocab=97, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
+                   max_seq=64, dtype=np.float64)
+ONE_LAYER = llama_config(vocab=97, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, d_ff=64,
+                         max_seq=64, dtype=np.float64)
+
+
+def stream(params, cfg, cache, tokens, chunk=1):
+    """Logits [B, T, vocab] for tokens [B, T] fed `chunk` at a time through the cache."""
+    return np.concatenate([forward(params, cfg, tokens[:, i:i + chunk], cache=cache)
+                           for i in range(0, tokens.shape[1], chunk)], axis=1)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(CFG, seed=3)
+
+
+def test_equal_to_a_full_kv_cache_while_nothing_leaves(params):
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab, size=(2, 12))
+    full = stream(params, CFG, KVCache(CFG, 2, 12), tokens)
+    for window, sinks in ((8, 4), (12, 0), (3, 9)):
+        cache = StreamingCache(CFG, 2, window, sinks=sinks)
+        np.testing.assert_allclose(stream(params, CFG, cache, tokens), full, rtol=1e-12,
+                                   atol=1e-12)
+        assert cache.lengths.tolist() == [12, 12] and cache.seen.tolist() == [12, 12]
+    chunked = stream(params, CFG, StreamingCache(CFG, 2, 6, sinks=6), tokens, chunk=4)
+    np.testing.assert_allclose(chunked, full, rtol=1e-12, atol=1e-12)
+
+
+def kept_tokens(sequence, t, window, sinks):
+    """The tokens a StreamingCache holds once token t (0-based) is stored."""
+    held = list(range(t + 1))
+    return [sequence[i] for i in (held if len(held) <= sinks + window
+                                  else held[:sinks] + held[-window:])]
+
+
+@pytest.mark.parametrize("window, sinks", [(5, 2), (4, 0), (3, 1)])
+def test_one_layer_equals_recomputing_the_kept_tokens_at_cache_positions(window, sinks):
+    # With one layer a token's K/V depend on that token alone (the keys before RoPE), so
+    # the streamed logits are the logits of the kept tokens alone, fed at positions 0..n-1.
+    p = init_params(ONE_LAYER, seed=5)
+    sequence = np.random.default_rng(1).integers(0, ONE_LAYER.vocab, size=20)
+    cache = StreamingCache(ONE_LAYER, 1, window, sinks=sinks)
+    streamed = stream(p, ONE_LAYER, cache, sequence[None])[0]  # [20, vocab]
+    for t in range(len(sequence)):
+        kept = np.array(kept_tokens(sequence, t, window, sinks))
+        np.testing.assert_allclose(streamed[t], forward(p, ONE_LAYER, kept[None])[0, -1],
+                                   rtol=1e-10, atol=1e-10)
+    assert cache.lengths.tolist() == [window + sinks] and cache.seen.tolist() == [20]
+
+
+def test_each_layer_attends_to_the_kept_keys_rotated_by_their_slot(params):
+    # Every layer: the output the cache returns is attention over the kept unrotated keys,
+    # each turned by its slot (0 .. n-1), with the new query at the last slot.
+    from transformer_lab import attention_reference, rope_angles
+    from transformer_lab.positions import apply_rope
+    window, sinks = 4, 2
+    cache = StreamingCache(CFG, 1, window, sinks=sinks)
+    rng = np.random.default_rng(2)
+    G, D, H = CFG.n_kv_heads, CFG.head_dim, CFG.n_heads
+    raw_k, raw_v = [], []
+    for t in range(11):
+        q = rng.standard_normal((1, 1, H, D))
+        k, v = rng.standard_normal((1, 1, G, D)), rng.standard_normal((1, 1, G, D))
+        raw_k.append(k), raw_v.append(v)
+        pos = cache.positions(1)
+        out, keys, _, offset = cache.attend(0, q, k, v)
+        cache.advance(1)
+        held = kept_tokens(list(range(t + 1)), t, window, sinks)
+        kk = np.concatenate([raw_k[i] for i in held], axis=1)
+        vv = np.concatenate([raw_v[i] for i in held], axis=1)
+        n = len(held)
+        assert pos.tolist() == [n - 1] and offset == n - 1
+        kk = apply_rope(kk, *rope_angles(np.arange(n), CFG.rope_dim, CFG.rope_base))
+        np.testing.assert_allclose(keys, kk, rtol=1e-12, atol=1e-12)
+        want = attention_reference(q, kk, vv, n - 1)
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+def test_rows_with_their_own_sinks_and_windows_match_each_alone(params):
+    tokens = np.random.default_rng(4).integers(0, CFG.vocab, size=(1, 16))
+    rows = [(8, 0), (5, 3), (6, 1)]  # (window, sinks) per row
+    batched = StreamingCache(CFG, 3, [w for w, _ in rows], sinks=[s for _, s in rows])
+    together = stream(params, CFG, batched, np.repeat(tokens, 3, axis=0))
+    for b, (window, sinks) in enumerate(rows):
+        alone = stream(params, CFG, StreamingCache(CFG, 1, window, sinks=sinks), tokens)
+        np.testing.assert_allclose(together[b], alone[0], rtol=1e-10, atol=1e-10)
+    assert batched.lengths.tolist() == [8, 8, 7]
+
+
+def test_a_window_alone_differs_from_the_full_cache_once_tokens_leave(params):
+    tokens = np.random.default_rng(5).integers(0, CFG.vocab, size=(1, 10))
+    full = stream(params, CFG, KVCache(CFG, 1, 10), tokens)
+    windowed = stream(params, CFG, StreamingCache(CFG, 1, 6, sinks=0), tokens)
+    np.testing.assert_allclose(windowed[:, :6], full[:, :6], rtol=1e-12, atol=1e-12)
+    assert np.abs(windowed[:, 6:] - full[:, 6:]).max() > 1e-6
+
+
+def test_runs_past_max_seq_where_a_kv_cache_cannot(params):
+    tokens = np.random.default_rng(6).integers(0, CFG.vocab, size=(1, CFG.max_seq + 8))
+    cache = StreamingCache(CFG, 1, 8, sinks=2)
+    logits = stream(params, CFG, cache, tokens, chunk=8)
+    assert logits.shape == (1, CFG.max_seq + 8, CFG.vocab) and np.isfinite(logits).all()
+    with pytest.raises(ValueError, match="exceed"):
+        stream(params, CFG, KVCache(CFG, 1), tokens, chunk=8)
+
+
+def test_nbytes_is_the_keys_and_values_of_sinks_plus_window(params):
+    cache = StreamingCache(CFG, 2, 6, sinks=4)
+    per_token = 2 * CFG.n_layers * CFG.n_kv_heads * CFG.head_dim * 8
+    assert cache.bytes_per_token() == per_token == KVCache(CFG, 1, 1).bytes_per_token()
+    assert cache.nbytes == 2 * (6 + 4) * per_token
+    stream(params, CFG, cache, np.zeros((2, 30), dtype=np.int64))
+    assert cache.nbytes == 2 * 10 * per_token  # fixed, however long the text
+    assert StreamingCache(CFG, 2, [6, 8], sinks=[4, 0]).nbytes == 2 * 10 * per_token
+    assert "sinks=4, window=6, held=10, seen=30" in repr(cache)
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((0,), {}, "StreamingCache: window must be a positive int, got 0"),
+    ((-3,), {}, "StreamingCache: window must be a positive int, got -3"),
+    ((4,), {"sinks": -1}, "StreamingCache: sinks must be an int >= 0, got -1"),
+    ((4.0,), {}, "StreamingCache: window must be a positive int, got 4.0"),
+    ((True,), {}, "StreamingCache: window must be a positive int, got True"),
+    (([4, 4, 4],), {}, r"StreamingCache: window must be an int or one per row \(2\), got 3 values"),
+    ((4,), {"sinks": [1, -2]}, "StreamingCache: sinks must be an int >= 0, got -2"),
+])
+def test_bad_window_or_sinks_is_one_clear_line(args, kwargs, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        StreamingCache(CFG, 2, *args, **kwargs)
+
+
+def test_bad_batch_mla_and_oversized_chunks_are_one_clear_line(params):
+    with pytest.raises(ValueError, match="^StreamingCache: batch must be a positive int, got 0$"):
+        StreamingCache(CFG, 0, 4)
+    mla = llama_config(vocab=97, d_model=32, n_heads=4, n_layers=1, d_ff=64, max_seq=64,
+                       attention="mla", kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                       v_head_dim=8)
+    with pytest.raises(ValueError, match="^StreamingCache: MLA configs are not supported"):
+        StreamingCache(mla, 1, 4)
+    cache = StreamingCache(CFG, 1, 4, sinks=4)
+    with pytest.raises(ValueError, match="^StreamingCache: 5 new tokens exceed the window of 4"):
+        forward(params, CFG, np.zeros((1, 5), dtype=np.int64), cache=cache)
+    with pytest.raises(ValueError, match="batch 1, tokens have batch 2"):
+        forward(params, CFG, np.zeros((2, 1), dtype=np.int64), cache=cache)
+    with pytest.raises(ValueError, match="use_rope=False with a cache that rotates its own keys"):
+        forward(params, CFG, np.zeros((1, 1), dtype=np.int64), cache=cache, use_rope=False)
+    other = llama_config(vocab=97, d_model=32, n_heads=4, n_kv_heads=1, n_layers=2, d_ff=64,
+                         max_seq=64, dtype=np.float64)
+    with pytest.raises(ValueError, match="does not match this config"):
+        forward(init_params(other, seed=0), other, np.zeros((1, 1), dtype=np.int64), cache=cache)
+    assert cache.lengths.tolist() == [0]  # nothing was stored by the refused calls
+
+
+def test_float32_stays_float32():
+    cfg = llama_config(vocab=97, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
+                       max_seq=64, dtype=np.float32)
+    cache = StreamingCache(cfg, 1, 4, sinks=1)
+    logits = stream(init_params(cfg, seed=0), cfg, cache, np.arange(9)[None])
+    assert logits.dtype == np.float32 and cache.k[0].dtype == np.float32
