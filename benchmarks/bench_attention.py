@@ -1,13 +1,15 @@
-"""attention_core throughput beside two hand-written formulations and the float32 matmul peak."""
+"""attention_core throughput beside two hand-written formulations, the tiled FlashAttention form
+(time and peak memory) and the float32 matmul peak."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from transformer_lab import attention_core
+from transformer_lab import attention_core, flash_attention
 
 from transformer_lab.measure import matmul_peak as measure_matmul_peak
+from transformer_lab.measure import peak_traced_bytes
 from transformer_lab.measure import time_call as measure
 from transformer_lab.measure import time_side_by_side as measure_side_by_side
 from transformer_lab.measure.flops import attention_flops, causal_attention_flops
@@ -77,11 +79,15 @@ def _with_gflops(stats, flops):
 
 
 def run_attention(sizes=(128, 512, 2048), groups=(8, 2), *, H=8, D=64, B=1, einsum_max_T=2048,
-                  repeats=7, einsum_repeats=2, peak_n=2048, peak_repeats=7, dtype=np.float32):
-    """attention_core, attention_bmm and attention_einsum at each (T, G), plus the matmul peak.
+                  repeats=7, einsum_repeats=2, peak_n=2048, peak_repeats=7, dtype=np.float32,
+                  flash_block=64):
+    """attention_core, attention_bmm, flash_attention (tiles flash_block x flash_block) and
+    attention_einsum at each (T, G), plus the matmul peak.
 
-    attention_core and attention_bmm are timed round-robin in the same loop; einsum
-    (much slower) on its own, and only for T <= einsum_max_T.
+    attention_core, attention_bmm and flash_attention are timed round-robin in the same
+    loop; einsum (much slower) on its own, and only for T <= einsum_max_T. The peak memory
+    of core, bmm and flash is measured once each, with tracemalloc, beside the B*H*T*S
+    float scores a plain form holds.
     """
     peak_before = matmul_peak(peak_n, repeats=peak_repeats, dtype=dtype)
     rows = []
@@ -89,19 +95,24 @@ def run_attention(sizes=(128, 512, 2048), groups=(8, 2), *, H=8, D=64, B=1, eins
         for G in groups:
             q, k, v = make_qkv(T, H, G, D, B=B, dtype=dtype)
             flops = B * attention_flops(T, T, H, D)
-            timed = measure_side_by_side(
-                {"attention_core": lambda: attention_core(q, k, v),
-                 "bmm": lambda: attention_bmm(q, k, v)},
-                repeats=repeats, warmup=1)
+            fns = {"attention_core": lambda: attention_core(q, k, v),
+                   "bmm": lambda: attention_bmm(q, k, v),
+                   "flash": lambda: flash_attention(q, k, v, block_q=flash_block,
+                                                    block_k=flash_block)}
+            timed = measure_side_by_side(fns, repeats=repeats, warmup=1)
             row = {"T": T, "S": T, "G": G, "flops": flops,
                    "causal_flops": B * causal_attention_flops(T, H, D),
                    "attention_core": _with_gflops(timed["attention_core"], flops),
-                   "bmm": _with_gflops(timed["bmm"], flops), "einsum": None}
+                   "bmm": _with_gflops(timed["bmm"], flops),
+                   "flash": _with_gflops(timed["flash"], flops), "einsum": None,
+                   "score_bytes": B * H * T * T * np.dtype(dtype).itemsize,
+                   "peak_bytes": {name: peak_traced_bytes(fn)[1] for name, fn in fns.items()}}
             if T <= einsum_max_T:
                 row["einsum"] = _with_gflops(
                     measure(lambda: attention_einsum(q, k, v), repeats=einsum_repeats, warmup=1),
                     flops)
             row["core_vs_bmm"] = timed["bmm"]["best_s"] / timed["attention_core"]["best_s"]
+            row["flash_vs_core"] = timed["flash"]["best_s"] / timed["attention_core"]["best_s"]
             rows.append(row)
     # The peak is measured before and after the attention runs; the better of the two counts.
     peak_after = matmul_peak(peak_n, repeats=peak_repeats, dtype=dtype)
@@ -113,8 +124,9 @@ def run_attention(sizes=(128, 512, 2048), groups=(8, 2), *, H=8, D=64, B=1, eins
         row["core_causal_fraction_of_peak"] = row["core_causal_gflops"] / peak["gflops"]
     return {"dtype": np.dtype(dtype).name, "B": B, "H": H, "D": D, "offset": 0, "causal": True,
             "flop_convention": FLOP_CONVENTION,
+            "flash_block": flash_block,
             "timing": f"best of {repeats} after a warm-up (einsum: best of {einsum_repeats}); "
-                      "attention_core and bmm measured round-robin",
+                      "attention_core, bmm and flash measured round-robin",
             "matmul_peak": peak,
             "matmul_peak_runs_gflops": [peak_before["gflops"], peak_after["gflops"]],
             "rows": rows}

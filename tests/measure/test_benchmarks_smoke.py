@@ -60,6 +60,10 @@ def test_run_attention_rows():
         assert row["attention_core"]["gflops"] > 0 and row["bmm"]["gflops"] > 0
         assert row["core_vs_bmm"] > 0 and row["core_fraction_of_peak"] > 0
         assert 0 < row["core_causal_gflops"] < row["attention_core"]["gflops"]
+        assert row["flash"]["gflops"] > 0 and row["flash_vs_core"] > 0
+        assert set(row["peak_bytes"]) == {"attention_core", "bmm", "flash"}
+        assert row["score_bytes"] == 4 * row["T"] * row["S"] * 4  # H = 4 heads of float32
+        assert all(b > 0 for b in row["peak_bytes"].values())
     assert "4*T*S*H*D" in res["flop_convention"]
 
 
@@ -162,7 +166,8 @@ def test_every_figure_records_its_spread(tmp_path):
     data = json.loads(path.read_text())
     figures = [data["attention"]["matmul_peak"], data["forward"]["numpy"]]
     for row in data["attention"]["rows"]:
-        figures += [row["attention_core"], row["bmm"]] + ([row["einsum"]] if row["einsum"] else [])
+        figures += [row["attention_core"], row["bmm"], row["flash"]] + (
+            [row["einsum"]] if row["einsum"] else [])
     for fig in figures:
         assert fig["spread"] >= 1 and isinstance(fig["steady"], bool) and "waited" in fig
     for row in data["decode"]["rows"]:
@@ -194,9 +199,12 @@ def test_unsteady_figures_are_marked_in_the_tables(noisy):
     rows = [{"T": T, "G": 2, "attention_core": stats(steady_core if T == 16 else noisy != "all"),
              "bmm": stats(noisy != "all"), "einsum": None, "core_vs_bmm": 1.0,
              "core_fraction_of_peak": 0.1, "core_causal_gflops": 5.0,
-             "core_causal_fraction_of_peak": 0.05} for T in (16, 40)]
+             "core_causal_fraction_of_peak": 0.05, "flash": stats(noisy != "all"),
+             "flash_vs_core": 1.5, "score_bytes": 4 * T * T * 4,
+             "peak_bytes": {"attention_core": 2e4, "bmm": 4e4, "flash": 1e3}} for T in (16, 40)]
     att = {"dtype": "float32", "B": 1, "H": 4, "D": 8, "flop_convention": "4*T*S*H*D.",
-           "timing": "t", "matmul_peak": {**stats(noisy != "all"), "n": 64}, "rows": rows}
+           "timing": "t", "matmul_peak": {**stats(noisy != "all"), "n": 64}, "rows": rows,
+           "flash_block": 64}
     dec = {"config": {"d_model": 32, "n_heads": 4, "n_kv_heads": 2, "n_layers": 2, "d_ff": 64,
                       "vocab": 96, "params": 1e4}, "timing": "t",
            "rows": [{"context": c, "cached_ms": 1.0, "recompute_ms": 5.0, "speedup": 5.0,
@@ -205,7 +213,8 @@ def test_unsteady_figures_are_marked_in_the_tables(noisy):
     out = Recorder()
     print_attention(out, att)
     print_decode(out, dec)
-    (att_rows, att_caption), (dec_rows, dec_caption) = out.tables
+    (att_rows, att_caption), (flash_rows, flash_caption), (dec_rows, dec_caption) = out.tables
+    assert flash_rows[1][2].endswith(" ~") == (noisy == "all")  # T = 40, flash time
     marked = [sum(c.endswith(" ~") for row in t for c in row) for t in (att_rows, dec_rows)]
     if noisy == "none":
         assert marked == [0, 0] and "~" not in att_caption + dec_caption
