@@ -46,43 +46,63 @@ def norm(x, p, cfg: Config):
     return rms_norm(x, p["weight"], cfg.norm_eps)
 
 
-def _linear(x, p, w, b, cfg: Config):
-    """x @ p[w], plus p[b] when the config has biases."""
-    y = matmul_rows(x, p[w])
+def _linear(x, p, w, b, cfg: Config, lora=None):
+    """x @ p[w], plus p[b] when the config has biases, plus w's LoRA update (see _plus_lora)."""
+    y = _plus_lora(matmul_rows(x, p[w]), x, lora, w)
     return y + p[b] if cfg.bias else y
 
 
-def _projections(x, group, packed_name, biases, cfg: Config):
+def _projections(x, group, packed_name, biases, cfg: Config, lora=None):
     """x @ group[key] (+ bias) for each key of the packed product `packed_name` (params.py's
     PACKED_MODULES): one product if the group holds it packed, else one per key."""
     keys = PACKED_MODULES_BY_KEYS[packed_name]
     packed = group.product(packed_name) if isinstance(group, PackedGroup) else None
     if packed is None:
-        return [_linear(x, group, key, bias, cfg) for key, bias in zip(keys, biases)]
+        return [_linear(x, group, key, bias, cfg, lora) for key, bias in zip(keys, biases)]
     y = matmul_rows(x, packed)  # [..., sum of outs]
     outs, start = [], 0
     for key, bias in zip(keys, biases):
         width = group[key].shape[1]
-        out = y[..., start:start + width]  # [..., width], a view
+        out = _plus_lora(y[..., start:start + width], x, lora, key)  # [..., width], a view
         outs.append(out + group[bias] if cfg.bias else out)
         start += width
     return outs
 
 
+def _plus_lora(y, x, lora, w):
+    """y + scale * (x @ A) @ B, the low-rank update of weight w, when lora = (this group's
+    adapters {w: {"A": [in, r], "B": [r, out]}}, scale) holds one (training.LoRA); else y.
+    The merged W + scale * A @ B is never formed: two thin products cost r * (in + out)
+    per row, against in * out for the weight."""
+    if lora is None or w not in lora[0]:
+        return y
+    adapter, scale = lora[0][w], lora[1]
+    return y + matmul_rows(matmul_rows(x, adapter["A"]) * scale, adapter["B"])  # [..., out]
+
+
+def _lora_of(lora, layer, group):
+    """(the adapters of blocks[layer].group, scale) from a training.LoRA, or None."""
+    if lora is None:
+        return None
+    return lora.adapters["blocks"][layer].get(group, {}), lora.scale
+
+
 def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, layer=0,
-                    acts=None):
+                    acts=None, lora=None):
     """Multi-head attention on the normed stream x [B, T, d]; returns the update [B, T, d].
 
     With a record `acts` (see forward), q, k, v and the merged heads are kept
     under blocks[layer].attn.*, and the weights too when patterns are asked for.
+    With a training.LoRA `lora`, its adapters of this layer add their updates.
     """
+    adapters = _lora_of(lora, layer, "attn")
     if cfg.attention == "mla":  # DeepSeek's latent attention: its own projections and cache
         from .mla import mla_attention_block
         return mla_attention_block(x, a, cfg, rope=rope, causal=causal, cache=cache, layer=layer,
                                    acts=acts)
     B, T, _ = x.shape
     H, G, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    q, k, v = _projections(x, a, "wqkv", ("bq", "bk", "bv"), cfg)
+    q, k, v = _projections(x, a, "wqkv", ("bq", "bk", "bv"), cfg, adapters)
     q = q.reshape(B, T, H, D)  # [B, T, H, D]
     k = k.reshape(B, T, G, D)  # [B, T, G, D]
     v = v.reshape(B, T, G, D)  # [B, T, G, D]
@@ -104,35 +124,37 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
         if wants_patterns(acts):
             pattern = attention_weights(q, k, offset, causal=causal)  # [B, H, T, S]
             record(acts, layer, {"attn.pattern": pattern})
-    return _linear(out, a, "wo", "bo", cfg)  # [B, T, d]
+    return _linear(out, a, "wo", "bo", cfg, adapters)  # [B, T, d]
 
 
-def mlp(x, m, cfg: Config, *, acts=None, layer=0):
+def mlp(x, m, cfg: Config, *, acts=None, layer=0, lora=None):
     """The position-wise MLP: SwiGLU down(silu(x W_gate) * x W_up), or down(act(x W_up))."""
-    gate = None
+    gate, adapters = None, _lora_of(lora, layer, "mlp")
     if cfg.mlp == "swiglu":
-        gate, up = _projections(x, m, "w_gate_up", ("b_gate", "b_up"), cfg)  # each [B, T, d_ff]
+        gate, up = _projections(x, m, "w_gate_up", ("b_gate", "b_up"), cfg,
+                                adapters)  # each [B, T, d_ff]
         hidden = silu(gate) * up
     else:
-        up = _linear(x, m, "w_up", "b_up", cfg)  # [B, T, d_ff]
+        up = _linear(x, m, "w_up", "b_up", cfg, adapters)  # [B, T, d_ff]
         hidden = gelu(up) if cfg.mlp == "gelu" else gelu_tanh(up)
     if acts is not None:
         record(acts, layer, {"mlp.up": up, "mlp.hidden": hidden})
         if gate is not None:
             record(acts, layer, {"mlp.gate": gate})
-    return _linear(hidden, m, "w_down", "b_down", cfg)  # [B, T, d]
+    return _linear(hidden, m, "w_down", "b_down", cfg, adapters)  # [B, T, d]
 
 
-def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, acts=None):
+def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, acts=None,
+          lora=None):
     """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x)) unless mlp="none"."""
     attn_in = norm(x, p["attn_norm"], cfg)
     mid = x + attention_block(attn_in, p["attn"], cfg, rope=rope, causal=causal, cache=cache,
-                              layer=layer, acts=acts)
+                              layer=layer, acts=acts, lora=lora)
     if cfg.mlp == "none":  # attention-only: the stream leaves as it left attention
         mlp_in, out = None, mid
     else:
         mlp_in = norm(mid, p["mlp_norm"], cfg)
-        out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer)
+        out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer, lora=lora)
     if acts is not None:
         record(acts, layer, {"resid_pre": x, "attn_in": attn_in, "resid_mid": mid,
                              "resid_post": out})

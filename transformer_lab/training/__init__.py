@@ -1,1 +1,4 @@
-"""Training in NumPy: the hand-written backward pass, AdamW, tasks and checkpoints."""
+"""Training in NumPy: the hand-written backward pass, LoRA, AdamW, tasks and checkpoints."""
+from .lora import LoRA
+
+__all__ = ["LoRA"]

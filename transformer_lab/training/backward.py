@@ -19,15 +19,21 @@ import numpy as np
 from ..acts import ActivationRecord
 from ..attention import attention_core_backward
 from ..config import Config
-from ..model import check_targets, forward
-from ..params import map_params, named_params
-from ..ops import (cross_entropy, cross_entropy_backward, gelu_backward, gelu_tanh_backward,
+from ..model import _lora_of, block, check_targets, check_tokens, embed, norm
+from ..params import check_params, map_params, named_params
+from ..ops import (IGNORE, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
 from ..positions import apply_rope_backward, rope_angles
 from ..precision import product
+from ..validate import check_int
+
+# Rows of logits the loss computes at a time: [LOSS_ROWS, V] is the largest array the head
+# and its gradient need (48 MiB for SmolLM2's 49,152 ids in float32), never [B*T, V].
+LOSS_ROWS = 256
 
 
-def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_scale=1.0):
+def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_scale=1.0,
+                   lora=None, checkpoint=False, n_targets=None):
     """(loss, grads) for next-token prediction: the loss as loss() computes it, and its
     gradient for every parameter, in the same nested layout as params.
 
@@ -37,6 +43,22 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     targets is [B, T] of ids, or -1 at positions to leave out of the mean. With a
     tied head grads["tok_emb"] holds both the embedding's and the head's part.
     Training reads whole sequences, so there is no KV cache: passing one is an error.
+
+    lora: a training.LoRA. Its adapters add their updates to the frozen weights, and
+    grads come in lora.adapters' layout only: the frozen weights get no gradient and
+    their dW products are never computed (only dX flows through them).
+
+    checkpoint=True keeps only each block's input in the forward and recomputes the
+    block (with its activation record) just before its backward: one more forward of
+    the blocks, for the memory of B*T*d per layer instead of every activation. The
+    grads are the same bits as without it (the same products on the same inputs).
+
+    In both modes the head and the loss run fused in chunks of LOSS_ROWS supervised
+    rows (head_loss_and_backward), so the [B*T, V] logits never exist at once.
+
+    n_targets: divide the summed loss by this many supervised positions instead of
+    this batch's own count: micro-batches of one accumulated batch pass the whole
+    batch's count, so that their grads add up to the whole batch's (accumulate_grads).
     """
     if cache is not None:
         raise ValueError("loss_and_grads trains on whole sequences without a KV cache; "
@@ -45,27 +67,88 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
             or not np.isfinite(loss_scale) or loss_scale <= 0:
         raise ValueError(f"loss_and_grads: loss_scale must be a finite number > 0, "
                          f"got {loss_scale!r}")
-    targets = check_targets(targets, tokens, cfg)
-    acts = ActivationRecord()
-    logits = forward(params, cfg, tokens, acts=acts)  # [B, T, V]; checks params and tokens
-    loss = cross_entropy(logits, targets)
-    dlogits = cross_entropy_backward(logits, targets)  # [B, T, V]
-    if loss_scale != 1.0:
-        dlogits *= float(loss_scale)  # a Python float: float32 stays float32
+    check_params(params, cfg)
+    tokens = check_tokens(tokens, cfg)
+    targets = _check_train_targets(targets, tokens, cfg)
+    supervised = int(np.count_nonzero(targets != IGNORE))
+    if n_targets is None:
+        if supervised == 0:
+            raise ValueError(f"every target is {IGNORE} (ignored): there is no position to "
+                             f"average the loss over")
+        n_targets = supervised
+    n_targets = check_int(n_targets, "loss_and_grads: n_targets", low=max(1, supervised))
+    if lora is not None:
+        if not all(hasattr(lora, name) for name in ("adapters", "scale", "check")):
+            raise ValueError(f"lora must be a training.LoRA, got {type(lora).__name__}")
+        lora.check(cfg)
+    if not isinstance(checkpoint, (bool, np.bool_)):
+        raise ValueError(f"checkpoint must be True or False, got {checkpoint!r}")
 
-    grads = {}
-    L, T = cfg.n_layers, logits.shape[1]
-    dx, grads["lm_head"], dtok_head = lm_head_backward(dlogits, acts["final_norm"], params, cfg)
-    dx, grads["final_norm"] = norm_backward(dx, acts.layer(L - 1, "resid_post"),
-                                            params["final_norm"], cfg)  # [B, T, d]
+    T = tokens.shape[1]
     rope = rope_angles(np.arange(T), cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
-    grads["blocks"] = [None] * L
-    for i in reversed(range(L)):
-        dx, grads["blocks"][i] = block_backward(dx, params["blocks"][i], cfg, acts, i, rope=rope)
-    grads.update(embed_backward(dx, np.asarray(tokens), cfg))
-    if dtok_head is not None:
-        grads["tok_emb"] += dtok_head  # the tied table is read twice, so both parts add
+    blocks = params["blocks"]
+    # The forward: every activation recorded, or with checkpointing each block's input only.
+    x = embed(params, cfg, tokens)  # [B, T, d]
+    acts, inputs = (None, []) if checkpoint else (ActivationRecord(), None)
+    for i, p in enumerate(blocks):
+        if checkpoint:
+            inputs.append(x)
+        x = block(x, p, cfg, rope=rope, layer=i, acts=acts, lora=lora)  # [B, T, d]
+    xn = norm(x, params["final_norm"], cfg)  # [B, T, d]
+
+    frozen = lora is not None
+    loss, dx, head_grads = head_loss_and_backward(xn, params, cfg, targets, n_targets,
+                                                  frozen=frozen, dloss=loss_scale)
+    grads = {} if frozen else {"lm_head": head_grads.get("lm_head", {})}
+    dx, g = norm_backward(dx, x, params["final_norm"], cfg, frozen=frozen)  # [B, T, d]
+    if not frozen:
+        grads["final_norm"] = g
+    grads["blocks"] = [None] * cfg.n_layers
+    for i in reversed(range(cfg.n_layers)):
+        if checkpoint:  # recompute block i, this time keeping what its backward reads
+            acts = ActivationRecord()
+            block(inputs[i], blocks[i], cfg, rope=rope, layer=i, acts=acts, lora=lora)
+            inputs[i] = None
+        dx, grads["blocks"][i] = block_backward(dx, blocks[i], cfg, acts, i, rope=rope,
+                                                lora=lora)
+    if frozen:
+        return loss, _in_layout_of(lora.adapters, grads)
+    grads.update(embed_backward(dx, tokens, cfg, dtok=head_grads.get("tok_emb")))
     return loss, _in_layout_of(params, grads)
+
+
+def _check_train_targets(targets, tokens, cfg: Config):
+    targets = check_targets(targets, tokens, cfg)
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"targets must be integer ids, got dtype {targets.dtype}")
+    return targets
+
+
+def accumulate_grads(params, cfg: Config, micro_batches, *, lora=None, checkpoint=False):
+    """(loss, grads) of a batch given as micro-batches [(tokens, targets), ...]: the same
+    as loss_and_grads on the whole batch, while only one micro-batch's activations are
+    held at a time. The loss is a mean over the supervised positions of the WHOLE batch,
+    so each micro-batch divides its summed loss by that count, not by its own (dividing
+    by each micro-batch's count would weigh a token of a short micro-batch more; the trap
+    transformers and trl fixed in 2024). Micro-batches may differ in length."""
+    micro_batches = list(micro_batches)
+    if not micro_batches:
+        raise ValueError("accumulate_grads needs at least one (tokens, targets) micro-batch")
+    total = sum(int(np.count_nonzero(np.asarray(t) != IGNORE)) for _, t in micro_batches)
+    if total == 0:
+        raise ValueError(f"every target of every micro-batch is {IGNORE} (ignored): there is "
+                         f"no position to average the loss over")
+    loss, grads = 0.0, None
+    for tokens, targets in micro_batches:
+        part, g = loss_and_grads(params, cfg, tokens, targets, lora=lora,
+                                 checkpoint=checkpoint, n_targets=total)
+        loss += part
+        if grads is None:
+            grads, leaves = g, [a for _, a in named_params(g)]
+        else:
+            for acc, a in zip(leaves, (a for _, a in named_params(g))):
+                acc += a
+    return loss, grads
 
 
 def _in_layout_of(params, grads):
@@ -76,62 +159,82 @@ def _in_layout_of(params, grads):
 
 # ---------------------------------------------------------------- linear layers and norms
 
-def linear_backward(dy, x, p, w, b):
+def linear_backward(dy, x, p, w, b, lora=None):
     """Backward of model._linear, y = x @ p[w] (+ p[b]), over all rows at once.
 
     dy [..., out], x [..., in]: returns dx [..., in] and {w: x^T dy, b: sum of dy}.
+    With lora = (this group's adapters, scale) (model._lora_of) the weight is frozen:
+    no dW or db is computed, and if w has an adapter, y = x W + scale (x A) B and the
+    grads are {w: {"A": x^T (scale dy B^T), "B": scale (x A)^T dy}}, dx gaining
+    scale (dy B^T) A^T.
     """
     dy2 = dy.reshape(-1, dy.shape[-1])  # [N, out]
     x2 = x.reshape(-1, x.shape[-1])  # [N, in]
-    grads = {w: product(x2.T, dy2)}  # [in, out]
-    if b in p:
-        grads[b] = dy2.sum(axis=0)  # [out]
-    dx = product(dy2, p[w].T).reshape(*x.shape)  # [..., in]
-    return dx, grads
+    dx = product(dy2, p[w].T)  # [N, in]
+    grads = {}
+    if lora is None:
+        grads[w] = product(x2.T, dy2)  # [in, out]
+        if b in p:
+            grads[b] = dy2.sum(axis=0)  # [out]
+    elif w in lora[0]:
+        A, B, scale = lora[0][w]["A"], lora[0][w]["B"], lora[1]
+        du = product(dy2, B.T) * scale  # [N, r]: the gradient of the update's x A
+        grads[w] = {"A": product(x2.T, du),  # [in, r]
+                    "B": product((product(x2, A) * scale).T, dy2)}  # [r, out]
+        dx += product(du, A.T)
+    return dx.reshape(*x.shape), grads
 
 
-def norm_backward(dy, x, p, cfg: Config):
-    """Backward of model.norm: (dx, {"weight": ..., "bias": ...}) for x, the norm's input."""
+def norm_backward(dy, x, p, cfg: Config, frozen=False):
+    """Backward of model.norm: (dx, {"weight": ..., "bias": ...}) for x, the norm's input;
+    frozen (LoRA) leaves the gains' grads out."""
     if cfg.norm == "layer":
         dx, dw, db = layer_norm_backward(dy, x, p["weight"], cfg.norm_eps)
-        return dx, {"weight": dw, "bias": db}
+        return dx, ({} if frozen else {"weight": dw, "bias": db})
     dx, dw = rms_norm_backward(dy, x, p["weight"], cfg.norm_eps)
-    return dx, {"weight": dw}
+    return dx, ({} if frozen else {"weight": dw})
 
 
 # ---------------------------------------------------------------- one block, in reverse
 
-def block_backward(dy, p, cfg: Config, acts, i, *, rope=None):
+def block_backward(dy, p, cfg: Config, acts, i, *, rope=None, lora=None):
     """Backward of model.block for block i: dy is d(loss)/d(resid_post); returns
     d(loss)/d(resid_pre) and the block's grads. A residual add passes its
-    gradient to both of its inputs, so each sub-layer's dx adds onto dy."""
-    grads = {}
+    gradient to both of its inputs, so each sub-layer's dx adds onto dy.
+    With a LoRA `lora` the grads are this block's adapters' only (lora.adapters' layout)."""
+    grads, frozen = {}, lora is not None
     if cfg.mlp != "none":
-        dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i)
-        dres, grads["mlp_norm"] = norm_backward(dmlp_in, acts.layer(i, "resid_mid"), p["mlp_norm"],
-                                                cfg)
+        dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i,
+                                             lora=_lora_of(lora, i, "mlp"))
+        dres, g = norm_backward(dmlp_in, acts.layer(i, "resid_mid"), p["mlp_norm"], cfg, frozen)
+        if not frozen:
+            grads["mlp_norm"] = g
         dy = dy + dres  # d(loss)/d(resid_mid)
-    dattn_in, grads["attn"] = attention_block_backward(dy, p["attn"], cfg, acts, i, rope=rope)
-    dres, grads["attn_norm"] = norm_backward(dattn_in, acts.layer(i, "resid_pre"), p["attn_norm"],
-                                             cfg)
+    dattn_in, grads["attn"] = attention_block_backward(dy, p["attn"], cfg, acts, i, rope=rope,
+                                                       lora=_lora_of(lora, i, "attn"))
+    dres, g = norm_backward(dattn_in, acts.layer(i, "resid_pre"), p["attn_norm"], cfg, frozen)
+    if not frozen:
+        grads["attn_norm"] = g
     return dy + dres, grads  # d(loss)/d(resid_pre)
 
 
-def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
+def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None, lora=None):
     """Backward of the attention sub-layer of block i: dy [B, T, d] is the gradient of its
-    update; returns the gradient of its (normed) input attn_in and of wq..wo, bq..bo."""
+    update; returns the gradient of its (normed) input attn_in and of wq..wo, bq..bo
+    (or, with lora = (adapters, scale), of this group's adapters)."""
     if cfg.attention == "mla":
         return mla_attention_block_backward(dy, a, cfg, acts, i, rope=rope)
     x = acts.layer(i, "attn_in")  # [B, T, d]
     B, T, _ = x.shape
-    dout, grads = linear_backward(dy, acts.layer(i, "attn.out"), a, "wo", "bo")  # [B, T, H*D]
+    dout, grads = linear_backward(dy, acts.layer(i, "attn.out"), a, "wo", "bo",
+                                  lora)  # [B, T, H*D]
     dq, dk, dv = attention_core_backward(dout, acts.layer(i, "attn.q"), acts.layer(i, "attn.k"),
                                          acts.layer(i, "attn.v"))  # [B,T,H,D], [B,T,G,D] x2
     if rope is not None:  # q and k were rotated after their projections
         dq, dk = apply_rope_backward(dq, *rope), apply_rope_backward(dk, *rope)
     dx = None
     for name, d in (("q", dq), ("k", dk), ("v", dv)):
-        dx_part, g = linear_backward(d.reshape(B, T, -1), x, a, "w" + name, "b" + name)
+        dx_part, g = linear_backward(d.reshape(B, T, -1), x, a, "w" + name, "b" + name, lora)
         grads.update(g)
         dx = dx_part if dx is None else dx + dx_part  # x fed all three projections
     return dx, grads
@@ -182,28 +285,105 @@ def mla_attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
     return dx + dx_q, grads  # x fed both the query and the latent
 
 
-def mlp_backward(dy, m, cfg: Config, acts, i):
-    """Backward of model.mlp for block i: returns the gradient of mlp_in and the MLP's grads."""
+def mlp_backward(dy, m, cfg: Config, acts, i, lora=None):
+    """Backward of model.mlp for block i: returns the gradient of mlp_in and the MLP's grads
+    (or, with lora = (adapters, scale), its adapters' grads)."""
     x, up = acts.layer(i, "mlp_in"), acts.layer(i, "mlp.up")  # [B, T, d], [B, T, F]
-    dhidden, grads = linear_backward(dy, acts.layer(i, "mlp.hidden"), m, "w_down", "b_down")
+    dhidden, grads = linear_backward(dy, acts.layer(i, "mlp.hidden"), m, "w_down", "b_down",
+                                     lora)
     if cfg.mlp == "swiglu":  # hidden = silu(gate) * up
         gate = acts.layer(i, "mlp.gate")
         dup = dhidden * silu(gate)
         dgate = silu_backward(dhidden * up, gate)
-        dx, g = linear_backward(dgate, x, m, "w_gate", "b_gate")
+        dx, g = linear_backward(dgate, x, m, "w_gate", "b_gate", lora)
         grads.update(g)
     else:
         dup = (gelu_backward if cfg.mlp == "gelu" else gelu_tanh_backward)(dhidden, up)
         dx = None
-    dx_up, g = linear_backward(dup, x, m, "w_up", "b_up")
+    dx_up, g = linear_backward(dup, x, m, "w_up", "b_up", lora)
     grads.update(g)
     return (dx_up if dx is None else dx + dx_up), grads
 
 
 # ---------------------------------------------------------------- the ends of the model
 
+def head_loss_and_backward(x, params, cfg: Config, targets, n_targets, *, frozen=False,
+                           dloss=1.0):
+    """The head, the cross-entropy and their backward, fused, LOSS_ROWS rows at a time:
+    (loss, dx, grads) for the final normed stream x [B, T, d], with grads {"lm_head":
+    {...}} and, for a tied head, {"tok_emb": the head's part [V, d]} (none when frozen).
+
+    Only the supervised rows (target not -1) are multiplied by the head: the others
+    have no loss and a zero gradient. For a chunk of rows, z = x W is shifted by its
+    row max and exponentiated in place; loss += log(sum e^z) - z[target]; the same
+    buffer becomes the gradient dloss (softmax - onehot) / n_targets; dx = dz W^T and
+    dW += x^T dz. So one [rows, V] buffer is the largest array at any time. The
+    readable form, forward's logits then cross_entropy_backward and lm_head_backward,
+    is tested against it.
+    """
+    head = params["lm_head"]
+    w = params["tok_emb"].T if cfg.tie_embeddings else head["w"]  # [d, V]
+    d, V = w.shape
+    x2 = x.reshape(-1, d)  # [N, d]
+    t = targets.reshape(-1)
+    rows = np.flatnonzero(t != IGNORE)
+    dx2 = np.zeros_like(x2)  # rows without a target get no gradient
+    dw = db = None
+    row_loss = np.empty(rows.size, dtype=x.dtype)  # -log softmax(z)[target] per row
+    inv_n = float(dloss) / n_targets  # a Python float: float32 stays float32
+    for r0 in range(0, rows.size, LOSS_ROWS):
+        r = rows[r0:r0 + LOSS_ROWS]
+        xc, tc, at = x2[r], t[r], np.arange(r.size)  # [c, d], [c], [c]
+        z = product(xc, w)  # logits [c, V]
+        if cfg.bias:
+            z += head["b"]
+        z -= z.max(axis=1, keepdims=True)
+        picked = z[at, tc]  # the target's shifted logit [c]
+        np.exp(z, out=z)
+        s = z.sum(axis=1)  # [c], each at least 1
+        row_loss[r0:r0 + r.size] = np.log(s) - picked
+        z *= (inv_n / s)[:, None]  # softmax * dloss / n
+        z[at, tc] -= inv_n  # dz = dloss (softmax - onehot) / n  [c, V]
+        dx2[r] = product(z, w.T)  # [c, d]
+        if not frozen:
+            dw = _add_product(dw, z, xc, tied=cfg.tie_embeddings)
+            if cfg.bias:
+                db = z.sum(axis=0) if db is None else db + z.sum(axis=0)
+    grads = {}
+    if not frozen:
+        if dw is None:  # nothing supervised here (a micro-batch of prompts only)
+            dw = np.zeros((V, d) if cfg.tie_embeddings else (d, V), dtype=x.dtype)
+        grads["lm_head"] = {} if cfg.tie_embeddings else {"w": dw}
+        if cfg.tie_embeddings:
+            grads["tok_emb"] = dw
+        if cfg.bias:
+            grads["lm_head"]["b"] = np.zeros(V, dtype=x.dtype) if db is None else db
+    # Summed as cross_entropy's mean sums, so with n_targets the batch's count the loss is
+    # the same number as loss() gives.
+    return float(row_loss.sum() / n_targets), dx2.reshape(x.shape), grads
+
+
+_VOCAB_SLICE = 8192  # columns per product when a later chunk adds into the head's grad
+
+
+def _add_product(dw, dz, xc, *, tied):
+    """dw + the head grad of one chunk (dz^T xc [V, d] tied, else xc^T dz [d, V]); the first
+    chunk's product is dw itself, later ones add slice by slice of the vocabulary, so no
+    second [V, d] array is made."""
+    if dw is None:
+        return product(dz.T, xc) if tied else product(xc.T, dz)
+    for v0 in range(0, dz.shape[1], _VOCAB_SLICE):
+        cols = slice(v0, v0 + _VOCAB_SLICE)
+        if tied:
+            dw[cols] += product(dz[:, cols].T, xc)
+        else:
+            dw[:, cols] += product(xc.T, dz[:, cols])
+    return dw
+
+
 def lm_head_backward(dlogits, x, params, cfg: Config):
-    """Backward of model.lm_head: (dx, head grads, dtok_emb from a tied head or None)."""
+    """Backward of model.lm_head: (dx, head grads, dtok_emb from a tied head or None).
+    The readable form of the head's part of head_loss_and_backward, tested against it."""
     head = params["lm_head"]
     w = params["tok_emb"].T if cfg.tie_embeddings else head["w"]  # [d, V]
     dl2 = dlogits.reshape(-1, dlogits.shape[-1])  # [N, V]
@@ -219,16 +399,24 @@ def lm_head_backward(dlogits, x, params, cfg: Config):
     return product(dl2, w.T).reshape(x.shape), grads, dtok
 
 
-def embed_backward(dx, tokens, cfg: Config):
-    """Backward of model.embed (start 0): {"tok_emb": ..., "pos_emb": ...}.
+def embed_backward(dx, tokens, cfg: Config, dtok=None):
+    """Backward of model.embed (start 0): {"tok_emb": ..., "pos_emb": ...}, the token
+    rows' gradient added into dtok (a tied head's part) when given.
 
-    np.add.at rather than dtok[tokens] += ..., which would keep only one of the
-    rows of a token that occurs more than once. Sinusoidal and rotary positions
-    have no parameters.
+    A token that occurs more than once gets the sum of its rows. The rows are sorted
+    by token id (stably) and each run summed by one np.add.reduceat, then added to
+    the table in one fancy-index add: no np.add.at, which adds row by row and takes
+    about ten times as long. Sinusoidal and rotary positions have no parameters.
     """
     d = dx.shape[-1]
-    dtok = np.zeros((cfg.vocab, d), dtype=dx.dtype)
-    np.add.at(dtok, tokens.reshape(-1), dx.reshape(-1, d))  # [V, d]
+    ids = np.asarray(tokens).reshape(-1)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])  # each run's first
+    sums = np.add.reduceat(dx.reshape(-1, d)[order], starts, axis=0)  # [distinct ids, d]
+    if dtok is None:
+        dtok = np.zeros((cfg.vocab, d), dtype=dx.dtype)
+    dtok[sorted_ids[starts]] += sums  # [V, d]; the ids are distinct, so no row is lost
     grads = {"tok_emb": dtok}
     if cfg.pos == "learned":
         dpos = np.zeros((cfg.max_seq, d), dtype=dx.dtype)
