@@ -165,3 +165,27 @@ def test_errors():
         accumulate_grads(params, cfg, [])
     with pytest.raises(ValueError, match="every target of every micro-batch"):
         accumulate_grads(params, cfg, [(tokens, np.full_like(targets, -1))])
+
+
+@pytest.mark.parametrize("lora_on", [False, True], ids=["full", "lora"])
+def test_train_step_takes_micro_batches(lora_on):
+    from transformer_lab import AdamW
+    from transformer_lab.cli.train import train_step
+    cfg = LLAMA
+    tokens, targets = batch(cfg, B=4)
+    targets[3, 1:] = -1
+    results = []
+    for micro in (1, 3):
+        params = spread(init_params(cfg))
+        lora = LoRA.init(params, cfg, rank=3, targets=LoRA.ALL_LINEAR) if lora_on else None
+        opt = AdamW(lora.adapters if lora_on else params, lr=1e-2)
+        loss, norm = train_step(params, cfg, opt, tokens, targets, clip=1.0, lora=lora,
+                                checkpoint=micro == 3, micro_batches=micro)
+        results.append((loss, norm, lora.adapters if lora_on else params))
+    (l1, n1, p1), (l3, n3, p3) = results
+    assert l3 == pytest.approx(l1, rel=1e-12) and n3 == pytest.approx(n1, rel=1e-10)
+    assert max_rel(p3, p1) <= 1e-10
+    with pytest.raises(ValueError, match="micro_batches=5 is more than the batch's 4 rows"):
+        train_step(params, cfg, opt, tokens, targets, micro_batches=5)
+    with pytest.raises(ValueError, match="micro_batches"):
+        train_step(params, cfg, opt, tokens, targets, micro_batches=0)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import OneLineParser, int_at_least, non_negative_int, number_at_least
-from ..training.backward import loss_and_grads
+from ..training.backward import accumulate_grads
 from ..training.checkpoint import atomic_write, config_to_dict, load_checkpoint, save_checkpoint
 from ..config import Config, gpt2_config, llama_config
 from ..measure import set_blas_threads
@@ -41,6 +41,7 @@ from ..params import init_params, named_params
 from ..training.mixed import PRECISIONS, make_precision
 from ..training.optim import AdamW, clip_grad_norm, cosine_lr
 from ..training.tasks import TASKS, get_task
+from ..validate import check_int
 
 PROG = "python -m transformer_lab.train"
 ARCHS = ("llama", "gpt2")
@@ -63,15 +64,29 @@ CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip
 
 # ---------------------------------------------------------------- one step
 
-def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0, precision=None):
+def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0, precision=None,
+               lora=None, checkpoint=False, micro_batches=1):
     """One optimisation step in place: (loss, gradient norm before clipping).
 
     clip=None skips clipping (the norm is still measured and returned). precision: a
     training.mixed.Precision (None: float32); a step its loss scaler skips returns
-    (loss, inf) with precision.skipped_last set.
+    (loss, inf) with precision.skipped_last set. lora: a training.LoRA whose adapters
+    opt updates (the model's weights stay frozen); checkpoint: recompute each block in
+    the backward. micro_batches: split the batch's rows into this many micro-batches and
+    accumulate their grads (accumulate_grads, divided by the whole batch's supervised
+    count), so only one micro-batch's activations are held at a time.
     """
+    micro_batches = check_int(micro_batches, "train_step: micro_batches", low=1)
+    tokens, targets = np.asarray(tokens), np.asarray(targets)
+    if micro_batches > tokens.shape[0]:
+        raise ValueError(f"train_step: micro_batches={micro_batches} is more than the batch's "
+                         f"{tokens.shape[0]} rows")
+    if precision is not None and (lora is not None or checkpoint or micro_batches > 1):
+        raise ValueError("train_step: precision= runs whole float32-mastered batches; it does "
+                         "not combine with lora, checkpoint or micro_batches")
     if precision is None:
-        loss, grads = loss_and_grads(params, cfg, tokens, targets)
+        parts = zip(np.array_split(tokens, micro_batches), np.array_split(targets, micro_batches))
+        loss, grads = accumulate_grads(params, cfg, parts, lora=lora, checkpoint=checkpoint)
     else:
         loss, grads = precision.loss_and_grads(params, cfg, tokens, targets)
         if grads is None:  # the scaled grads overflowed: no update, the scale backed off

@@ -64,6 +64,30 @@ def clip_grad_norm(grads, max_norm) -> float:
 
 # ---------------------------------------------------------------- AdamW
 
+_CHUNK = 1 << 14  # numbers per block of AdamW.step: 5 arrays x 64 KiB (float32) fit in L2
+
+
+def _adamw_block(p, g, m, v, buf, consts, decay):
+    """One AdamW update of a block of p in place (its moments m, v too), torch's formula in
+    torch's order; buf is scratch of p's shape. See AdamW for the formula."""
+    keep, one_minus_b1, one_minus_b2, beta2, bias2_sqrt, eps, step_size = consts
+    if decay:
+        p *= keep  # p -= lr * weight_decay * p
+    np.subtract(g, m, out=buf)
+    buf *= one_minus_b1
+    m += buf  # torch's lerp: m + (1 - beta1)(g - m) = beta1 m + (1 - beta1) g
+    np.multiply(g, g, out=buf)
+    buf *= one_minus_b2
+    v *= beta2
+    v += buf
+    np.sqrt(v, out=buf)
+    buf /= bias2_sqrt
+    buf += eps  # buf = sqrt(v_hat) + eps
+    np.divide(m, buf, out=buf)
+    buf *= step_size
+    p -= buf
+
+
 class AdamW:
     """torch.optim.AdamW over a nested params dict, updating it in place.
 
@@ -124,35 +148,33 @@ class AdamW:
         beta1, beta2 = self.betas
         self.step_count += 1
         t = self.step_count
-        step_size = lr / (1.0 - beta1 ** t)
-        bias2_sqrt = math.sqrt(1.0 - beta2 ** t)
+        # Every scalar is a Python float, so float32 stays float32.
+        consts = (1.0 - lr * self.weight_decay, 1.0 - beta1, 1.0 - beta2, beta2,
+                  math.sqrt(1.0 - beta2 ** t), self.eps, lr / (1.0 - beta1 ** t))
         for name, p in self._params.items():
             g, m, v = leaves[name], self.m[name], self.v[name]
-            # One scratch array per dtype, as large as the largest param, so the update
-            # allocates nothing; every scalar is a Python float, so float32 stays float32.
-            buf = self._scratch(p)
-            if self.weight_decay and p.ndim >= 2:
-                p *= 1.0 - lr * self.weight_decay
-            np.subtract(g, m, out=buf)
-            buf *= 1.0 - beta1
-            m += buf  # torch's lerp: m + (1 - beta1)(g - m) = beta1 m + (1 - beta1) g
-            np.multiply(g, g, out=buf)
-            buf *= 1.0 - beta2
-            v *= beta2
-            v += buf
-            np.sqrt(v, out=buf)
-            buf /= bias2_sqrt
-            buf += self.eps  # buf = sqrt(v_hat) + eps
-            np.divide(m, buf, out=buf)
-            buf *= step_size
-            p -= buf
+            decay = bool(self.weight_decay) and p.ndim >= 2
+            # The update reads and writes p, g, m and v in blocks of about _CHUNK numbers
+            # along the first axis, each block through all of its ~14 passes while it sits
+            # in the core's L2 cache: one trip through memory per array, not 14. Each
+            # number gets the same operations in the same order as torch's, so the bits do
+            # not depend on the block size.
+            rows = max(1, _CHUNK // max(1, p[:1].size)) if p.ndim else 1
+            buf = self._scratch(p.dtype)
+            for i in range(0, max(1, p.shape[0] if p.ndim else 1), rows):
+                at = slice(i, i + rows) if p.ndim else ...
+                pb = p[at]
+                _adamw_block(pb, g[at], m[at], v[at], buf[:pb.size].reshape(pb.shape),
+                             consts, decay)
 
-    def _scratch(self, p):
-        flat = self._buffers.get(p.dtype)
-        if flat is None or flat.size < p.size:
-            size = max(a.size for a in self._params.values() if a.dtype == p.dtype)
-            flat = self._buffers[p.dtype] = np.empty(size, dtype=p.dtype)
-        return flat[:p.size].reshape(p.shape)
+    def _scratch(self, dtype):
+        """One scratch block per dtype, for the largest block step() hands _adamw_block."""
+        flat = self._buffers.get(dtype)
+        if flat is None:
+            size = max(min(a.size, max(_CHUNK, a[:1].size if a.ndim else 1))
+                       for a in self._params.values() if a.dtype == dtype)
+            flat = self._buffers[dtype] = np.empty(size, dtype=dtype)
+        return flat
 
     # -------- state, for checkpoints
 
