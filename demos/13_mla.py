@@ -11,10 +11,8 @@ decoupled RoPE key of qk_rope_head_dim values beside the latent.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -261,15 +259,8 @@ def rope_errors(b, quick):
 # ---------------------------------------------------------------- 4. train it
 
 def demo11():
-    """Demo 11's module (the task, its sizes, steps, seeds and train_once), loaded once."""
-    name = "demo_11_learn_faster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().with_name("11_learn_faster.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """Demo 11's module (the task, its sizes, steps, seeds and train_once)."""
+    return _common.load_demo(11)
 
 
 def attention_fields(design, H, D):

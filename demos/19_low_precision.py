@@ -16,11 +16,9 @@ to PyTorch's casts): the values are exactly the format's, the speed is not.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -407,15 +405,8 @@ def sums(quick):
 # ---------------------------------------------------------------- 4. training
 
 def demo11():
-    """Demo 11's module (the task, its sizes, setup and seeds), loaded once."""
-    name = "demo_11_learn_faster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, Path(__file__).resolve().with_name("11_learn_faster.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """Demo 11's module (the task, its sizes, steps, seeds and train_once)."""
+    return _common.load_demo(11)
 
 
 def run_precision(run):

@@ -161,15 +161,21 @@ def run_demo(module, argv=None) -> int:
 
 def load_demos() -> list:
     """Every demos/NN_name.py, imported by path and sorted by number."""
-    modules = []
-    for path in sorted(DEMOS_DIR.glob("[0-9][0-9]_*.py")):
-        name = "demo_" + path.stem
-        if name in sys.modules:
-            modules.append(sys.modules[name])
-            continue
+    modules = [_load(path) for path in sorted(DEMOS_DIR.glob("[0-9][0-9]_*.py"))]
+    return sorted(modules, key=lambda m: m.NUMBER)
+
+
+def load_demo(number: int):
+    """Demo `number`'s module alone (demo 13 and 19 train with demo 11's setup), loaded once."""
+    (path,) = DEMOS_DIR.glob(f"{number:02d}_*.py")
+    return _load(path)
+
+
+def _load(path):
+    name = "demo_" + path.stem
+    if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        modules.append(module)
-    return sorted(modules, key=lambda m: m.NUMBER)
+    return sys.modules[name]
