@@ -149,3 +149,15 @@ def test_cli_rejects_an_unknown_precision(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--precision" in err and "fp16-mixed" in err
 
+
+
+def test_fp32_precision_combines_with_micro_batches(batch):
+    params, plain = init_params(CFG, seed=0), init_params(CFG, seed=0)
+    for p, precision in ((params, Precision("fp32")), (plain, None)):
+        train.train_step(p, CFG, AdamW(p, lr=1e-2), *batch, precision=precision, micro_batches=2)
+    for a, b in zip(leaves(params), leaves(plain)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"precision= .* does not combine with lora, checkpoint "
+                                         r"or micro_batches"):
+        train.train_step(params, CFG, AdamW(params), *batch, precision=Precision("bf16-mixed"),
+                         micro_batches=2)

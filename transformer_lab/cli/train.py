@@ -81,10 +81,11 @@ def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0, pr
     if micro_batches > tokens.shape[0]:
         raise ValueError(f"train_step: micro_batches={micro_batches} is more than the batch's "
                          f"{tokens.shape[0]} rows")
-    if precision is not None and (lora is not None or checkpoint or micro_batches > 1):
+    low = precision is not None and precision.format is not None  # fp32 is the plain path
+    if low and (lora is not None or checkpoint or micro_batches > 1):
         raise ValueError("train_step: precision= runs whole float32-mastered batches; it does "
                          "not combine with lora, checkpoint or micro_batches")
-    if precision is None:
+    if not low:
         parts = zip(np.array_split(tokens, micro_batches), np.array_split(targets, micro_batches))
         loss, grads = accumulate_grads(params, cfg, parts, lora=lora, checkpoint=checkpoint)
     else:
@@ -97,7 +98,7 @@ def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0, pr
         norm = clip_grad_norm(grads, clip)
     if math.isfinite(loss) and math.isfinite(norm):
         opt.step(grads)
-        if precision is not None:
+        if low:
             precision.after_step(params)
     return loss, norm
 
@@ -419,7 +420,8 @@ def run(args, parser, given=frozenset()) -> int:
     with Progress(step, total) as progress:
         progress.print(f"{task.name}: {task.description}")
         progress.print(f"model: {run_opts['arch']}, d_model {cfg.d_model}, {cfg.n_layers} layers, "
-                       f"{cfg.n_heads} heads, vocab {cfg.vocab}, {n_params:,} params, {run_opts['precision']}; "
+                       f"{cfg.n_heads} heads, vocab {cfg.vocab}, {n_params:,} params, "
+                       f"{run_opts['precision']}; "
                        f"batch {run_opts['batch']} x {task.seq} tokens; "
                        f"BLAS threads {threads or 'default'}"
                        + (f"; resuming at step {step}" if step else ""))
