@@ -74,12 +74,12 @@ TEXT = {
         "diff": "最大相对差",
         "pages_note": "整体注意力：像引擎那样把块表里的块拼成连续的 K/V，再用 attention_core；"
                       "split-K：每块单独 flash_attention（返回 lse），再用 merge_attention 合并。",
-        "obs_exact": "分块形式与朴素形式一致：任意块大小（包括 {bq}×{bk} 这种不整除 T 的）下 float32 "
+        "obs_exact": "分块形式与朴素形式一致：64×64 的块和不整除 T 的 {bq}×{bk} 块，float32 "
                      "最大相对误差 {e32}，float64 {e64}；把键分成 {n} 段分别算再按 logsumexp 合并，"
                      "float64 误差 {m64}；只靠 lse 和 D=rowsum(dO∘O) 的反向与 attention_core_backward "
                      "差 {b64}（float64）。",
         "obs_mem": "T={T} 时朴素形式峰值 {plain}，是 {x} 个得分矩阵（得分、掩码后的副本、softmax）；"
-                   "分块形式只要 {flash}，是得分矩阵的 {share}（不超过 1/16），主要是输出本身；"
+                   "分块形式只要 {flash}，是得分矩阵的 {share}（不超过 1/16），其中 {out} 是输出本身；"
                    "T 从 {t0} 翻倍到 {t1}，朴素形式的内存变为 {gp} 倍，分块形式 {gf} 倍。",
         "obs_io": "SRAM 每翻一倍，分块形式的 HBM 读写就乘 {lo}–{hi}（因果），即约减半："
                   "K、V 每个查询块读一遍，查询块行数与 SRAM 成正比，Θ(T·S·D²/M)；朴素形式始终"
@@ -98,7 +98,7 @@ TEXT = {
                         "键的得分有 {block}。",
         "obs_pages": "对引擎页表做 split-K：{n} 个序列共 {blocks} 个块，每块只读一次（读取次数都是 "
                      "1），各块结果按 logsumexp 合并，与拼起来一次算的注意力最大相对差 {diff}"
-                     "（float32）；引擎的拼接要先复制 {copy} 的 K/V，split-K 直接就地读块。",
+                     "（float32）；引擎的拼接要先复制这一层 {copy} 的 K/V，split-K 直接就地读块。",
     },
     "en": {
         "exact": "1. Exactness: B={B}, T=S={T}, H={H}, G={G}, D={D}; largest relative error "
@@ -128,14 +128,14 @@ TEXT = {
         "pages_note": "All at once: the table's blocks gathered into contiguous K/V, as the engine "
                       "does, then attention_core. Split-K: flash_attention over each block alone "
                       "(with its lse), then merge_attention.",
-        "obs_exact": "The tiled form equals the plain one for any tile sizes ({bq}×{bk} divides "
-                     "neither T nor S): largest relative error {e32} in float32, {e64} in "
+        "obs_exact": "The tiled form equals the plain one, in tiles of 64×64 and of {bq}×{bk} "
+                     "(which divide neither T nor S): largest relative error {e32} in float32, {e64} in "
                      "float64; the keys in {n} ranges, attended apart and merged by logsumexp: "
                      "{m64} in float64; the backward from only the lse and D = rowsum(dO∘O) is "
                      "within {b64} of attention_core_backward (float64).",
         "obs_mem": "At T={T} the plain form peaked at {plain}, {x} score matrices (the scores, "
                    "their masked copy, the softmax); the tiled form at {flash}, {share} of one "
-                   "score matrix (at most 1/16), most of it the output itself. From T={t0} to "
+                   "score matrix (at most 1/16), {out} of it the output itself. From T={t0} to "
                    "{t1} the plain form's memory grew {gp}×, the tiled form's {gf}×.",
         "obs_io": "Each doubling of the SRAM multiplied the tiled form's HBM traffic by "
                   "{lo}–{hi} (causal), about a half: K and V are read once per query tile, and "
@@ -160,8 +160,8 @@ TEXT = {
         "obs_pages": "Split-K over the engine's page table: {n} sequences, {blocks} blocks, each "
                      "read once (every read count is 1), the blocks' results merged by "
                      "logsumexp, within {diff} (relative, float32) of attention over the "
-                     "gathered blocks; the engine's gather copies {copy} of K/V first, split-K "
-                     "reads the blocks where they lie.",
+                     "gathered blocks; the engine's gather copies this layer's {copy} of K/V "
+                     "first, split-K reads the blocks where they lie.",
     },
 }
 FIG_TEXT = {
@@ -426,6 +426,7 @@ def render(result, lang="zh"):
                               b64=_err(ex["float64"]["bwd"])),
         t["obs_mem"].format(T=last["T"], plain=_bytes(last["plain"]), x=f"{last['plain_x']:.1f}",
                             flash=_bytes(last["flash"]), share=_pct(last["share"]),
+                            out=_pct(last["out_bytes"] / last["flash"]),
                             t0=prev["T"], t1=last["T"], gp=f"{mem['growth']['plain']:.1f}",
                             gf=f"{mem['growth']['flash']:.1f}"),
         t["obs_io"].format(lo=f"{io['ratio_min']:.3f}", hi=f"{io['ratio_max']:.3f}",

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from reference import ref_attention
 from transformer_lab.attention import attention_core_backward, attention_reference
+from transformer_lab.measure import blas_threads
 from transformer_lab.flash import (flash_attention, flash_attention_backward, flash_blocks,
                                    flash_io, flash_tiles, merge_attention)
 
@@ -53,7 +54,7 @@ CASES = [
     (1, 6, 10, 3, 3, 4, 0, False, 4, 4),    # not causal, T != S
     (2, 3, 9, 6, 2, 4, 3, True, 1, 1),      # offset + T < S: keys past the last query unseen
     (1, 1, 17, 2, 1, 4, 16, True, 64, 5),   # one-token decode
-    (2, 33, 33, 8, 2, 16, 0, True, 7, 5),
+    (1, 33, 33, 4, 2, 16, 0, True, 7, 5),
     (2, 20, 20, 4, 2, 8, 0, True, 20, 20),  # one tile
 ]
 
@@ -107,7 +108,7 @@ def cases(draw):
                 seed=draw(st.integers(0, 2**16)))
 
 
-@settings(derandomize=True, deadline=None, max_examples=80)
+@settings(derandomize=True, deadline=None, max_examples=50)
 @given(cases())
 def test_any_block_sizes_and_shapes(c):
     q, k, v = make_qkv(c["seed"], c["B"], c["T"], c["S"], c["H"], c["G"], c["D"], c["dtype"])
@@ -214,11 +215,12 @@ def test_causal_tiles_above_the_diagonal_are_skipped(n):
 
 
 def test_memory_stays_a_sixteenth_of_the_score_matrix():
-    T = 2048  # the bound is at 4096; at 2048 the score matrix is 16 MiB, the tiles KB
+    T = 4096  # the score matrix is 64 MiB; the tiles are KB, the output 1 MiB
     q, k, v = make_qkv(11, 1, T, T, 1, 1, 64, np.float32)
     tracemalloc.start()
     try:
-        flash_attention(q, k, v)
+        with blas_threads(1):  # 64 x 64 products: a second thread only waits
+            flash_attention(q, k, v)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

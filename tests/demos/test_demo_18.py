@@ -107,6 +107,7 @@ def test_observations_quote_the_computed_numbers(quick):
     last = mem["rows"][-1]
     assert f"At T={last['T']} the plain form peaked at {D18._bytes(last['plain'])}" in text
     assert f"{last['share']:.1%} of one score matrix (at most 1/16)" in text
+    assert f"{last['out_bytes'] / last['flash']:.1%} of it the output itself" in text
     assert f"merged by logsumexp: {D18._err(ex['float64']['merged'])} in float64" in text
     assert f"by {io['ratio_min']:.3f}–{io['ratio_max']:.3f} (causal)" in text
     assert f"(at n=64: {sk['rows'][-1]['visited']} computed" in text
