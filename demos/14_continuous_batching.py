@@ -395,7 +395,8 @@ def online(params, cfg, prompts, outs, factors, batch=BATCH, replays=REPLAYS):
 # ---------------------------------------------------------------- compute
 
 def compute(quick=False):
-    from transformer_lab.serve.llm import INVARIANT_ROWS
+    from transformer_lab.products import invariant_block_rows
+    from transformer_lab.serve.llm import INVARIANT_ROWS, product_weights
     cfg, params = model()
     n = QUICK_REQUESTS if quick else REQUESTS
     prompts, outs = workload(n, cfg.vocab)
@@ -411,6 +412,7 @@ def compute(quick=False):
         steps = [{"B": b, "seconds": step_seconds(params, cfg, b, k)} for b in sweep]
         runs, tokens = (QUICK_INV_RUNS, QUICK_INV_TOKENS) if quick else (INV_RUNS, INV_TOKENS)
         inv = [invariance(params, cfg, prompts, outs, runs, tokens, mode) for mode in (False, True)]
+        invariant_rows = invariant_block_rows(product_weights(params, cfg), INVARIANT_ROWS)
         lat = online(params, cfg, prompts, outs, QUICK_RATE_FACTORS if quick else RATE_FACTORS,
                      replays=QUICK_REPLAYS if quick else REPLAYS)
     for r in rows:
@@ -435,7 +437,7 @@ def compute(quick=False):
         # The memory-bound reading holds when a step of B costs well under B steps of one.
         "step_sublinear": top["ratio"] < top["B"] / 2,
         "weight_bytes": int(sum(w.nbytes for _, w in named_params(params))),
-        "invariance": inv, "invariant_rows": INVARIANT_ROWS,
+        "invariance": inv, "invariant_rows": invariant_rows,
         "online": lat, **online_verdicts(lat),
     }
 

@@ -71,6 +71,34 @@ def _fixed_block_product(x2, w, rows):
     return y[:m]
 
 
+def invariant_block_rows(weights, candidates=(32, 16, 8, 4, 2, 1), *, seed=0):
+    """The largest row count in `candidates` at which a GEMM of exactly that many rows gives
+    every row the same bits wherever it sits in the block, for each weight in `weights`.
+
+    No BLAS promises this: a kernel may sum a row's products in another order at another
+    place in its tile (this OpenBLAS on one AMD EPYC: rows 16-31 of a 32-row GEMM differ
+    from rows 0-15; on an Intel Xeon 32 rows agreed). So it is checked, not assumed: one
+    GEMM per candidate and weight, with the same two random rows repeated down the block,
+    and every copy must equal the first bit for bit. The order of a row's sum does not
+    depend on its values, so two rows find a difference. One row (a GEMV) always qualifies.
+    Measured under the BLAS thread count in force: call it where the products will run."""
+    rng = np.random.default_rng(seed)
+    for rows in candidates:
+        if rows == 1:
+            return 1
+        if all(_same_at_every_row(rng, w, rows) for w in weights):
+            return rows
+    return 1
+
+
+def _same_at_every_row(rng, w, rows):
+    probe = rng.standard_normal((2, w.shape[0])).astype(w.dtype)  # [2, in]
+    x = np.tile(probe, (-(-rows // 2), 1))[:rows]  # [rows, in]: the two rows, alternating
+    y = _fixed_block_product(x, w, rows)  # the very form row_invariant_products runs
+    return bool(np.array_equal(y[0::2], np.broadcast_to(y[0], y[0::2].shape))
+                and np.array_equal(y[1::2], np.broadcast_to(y[1], y[1::2].shape)))
+
+
 @contextlib.contextmanager
 def row_invariant_products(rows=8):
     """Within the block, every product in matmul_rows runs as GEMMs of exactly `rows`

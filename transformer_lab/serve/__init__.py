@@ -50,7 +50,8 @@ The OpenAI-compatible server (python -m transformer_lab.serve), one job per file
 - bench.py        the load generator and vLLM's online metrics (TTFT, TPOT, ITL, goodput).
 
 batch_invariant=True makes a request's tokens and logits bitwise those of the
-request run alone: products in fixed row blocks (products.row_invariant_products),
+request run alone: products in fixed row blocks (products.row_invariant_products) of the
+size this BLAS computes alike at every row (products.invariant_block_rows, llm.invariant_rows),
 attention per sequence over exactly its own keys, chunks cut at fixed points,
 no prefix hits, and a preempted sequence replays its tokens one decode at a time.
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..products import row_invariant_products
-from ..params import check_params
+from ..products import invariant_block_rows, row_invariant_products
+from ..params import PACKED_MODULES_BY_KEYS as PACKED_KEYS, PackedGroup, check_params
 from ..speculative import Sampler, accept
 from .block_manager import BlockManager
 from .model_runner import ModelRunner, PagedKVPool
@@ -34,10 +34,11 @@ from .speculative_config import SpeculativeConfig
 # Without num_blocks or kv_cache_memory, the pool holds max_num_seqs full-length
 # sequences, capped at this many bytes (256 MiB: 5 825 SmolLM2 tokens, 364 blocks of 16).
 DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
-# Rows per product in batch_invariant mode (products.row_invariant_products): a GEMM of 32
-# rows costs little more than one of 8 (the weight's packing dominates both), and a
-# prefill then needs a quarter as many calls.
-INVARIANT_ROWS = 32
+# Rows per product in batch_invariant mode (products.row_invariant_products), the first of
+# these that this BLAS computes alike at every row of the block (products.invariant_block_rows,
+# checked when the engine is made): a GEMM of 32 rows costs little more than one of 8 (the
+# weight's packing dominates both), and a prefill then needs a quarter as many calls.
+INVARIANT_ROWS = (32, 16, 8, 4, 2, 1)
 
 
 def chat_prompt(messages, add_generation_prompt=True) -> str:
@@ -131,6 +132,25 @@ class StepRecord:
 
 # ---------------------------------------------------------------- the engine
 
+def product_weights(params, cfg) -> list:
+    """One weight of each shape and memory order that the model's products multiply by
+    (packed Q/K/V and gate/up where the params hold them packed, the tied head as
+    tok_emb.T): what invariant_block_rows checks."""
+    weights = [params["tok_emb"].T if cfg.tie_embeddings else params["lm_head"]["w"]]
+    for block in params["blocks"]:
+        for group in (block["attn"], block.get("mlp", {})):
+            packed = group.packed.values() if isinstance(group, PackedGroup) else ()
+            in_packed = {k for name in group.packed for k in PACKED_KEYS[name]} \
+                if isinstance(group, PackedGroup) else set()
+            weights += list(packed)
+            weights += [w for k, w in group.items()
+                        if k not in in_packed and isinstance(w, np.ndarray) and w.ndim == 2]
+    unique = {}
+    for w in weights:
+        unique.setdefault((w.shape, w.strides, w.dtype), w)
+    return list(unique.values())
+
+
 def _positive_int(name, value, *, allow_none=False):
     if allow_none and value is None:
         return None
@@ -206,6 +226,8 @@ class LLM:
                                    speculative=self.speculative)
         self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size)
         self.runner = ModelRunner(params, cfg, self.pool, batch_invariant=self.batch_invariant)
+        self.invariant_rows = (invariant_block_rows(product_weights(params, cfg), INVARIANT_ROWS)
+                               if self.batch_invariant else None)
         self._next_index = 0
         self.reset_stats()
 
@@ -339,7 +361,7 @@ class LLM:
                 chunk.seq.first_scheduled_time = start
             if chunk.start == chunk.seq.num_cached_tokens and chunk.is_prefill:
                 self._counts["prefill_tokens_submitted"] += chunk.seq.prefill_end
-        invariant = (row_invariant_products(INVARIANT_ROWS) if self.batch_invariant
+        invariant = (row_invariant_products(self.invariant_rows) if self.batch_invariant
                      else contextlib.nullcontext())
         with invariant:
             logits = self.runner.run(chunks)  # [one row per sampling chunk (1 + j: verify), V]
