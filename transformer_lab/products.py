@@ -104,7 +104,8 @@ def row_invariant_products(rows=8):
     """Within the block, every product in matmul_rows runs as GEMMs of exactly `rows`
     rows: BLAS picks its kernel and blocking by shape, so a fixed shape makes a row's
     result independent of how many rows share the product (the serving engine's
-    batch_invariant mode). Costs the padding, and small-M forms are not used."""
+    batch_invariant mode), at a `rows` that invariant_block_rows found this BLAS to compute
+    alike at every row of the block. Costs the padding, and small-M forms are not used."""
     token = _invariant_rows.set(int(rows))
     try:
         yield
