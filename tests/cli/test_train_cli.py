@@ -42,7 +42,7 @@ def run_cli(*argv, timeout=180):
     (["--threads", "0"], "--threads: must be >= 1"),
     (["--seed", "-1"], "--seed: must be >= 0, got -1"),  # not a NumPy traceback at init
     (["--bogus"], ("unrecognized arguments: --bogus (valid options: --task induction|addition|"
-                   "reverse|text, --data FILE,", "--seed N, --out DIR, --resume,",
+                   "reverse|text|json-extract|identity, --data FILE,", "--seed N, --out DIR, --resume,",
                    "--quick; --help for more)")),
 ])
 def test_bad_options_exit_2_with_one_line(argv, needle, capsys):
@@ -61,7 +61,7 @@ def test_an_unknown_option_lists_every_real_option(capsys):
     listed = capsys.readouterr().err.split("(valid options: ")[1].split("; --help")[0]
     names = [a.option_strings[-1] for a in train.build_parser()._actions
              if a.option_strings and a.dest != "help"]
-    assert [part.split()[0] for part in listed.split(", ")] == names and len(names) == 23
+    assert [part.split()[0] for part in listed.split(", ")] == names and len(names) == 30
 
 
 def test_a_problem_with_the_options_together_is_named_without_the_list(capsys):

@@ -14,8 +14,25 @@ continues from the checkpoint exactly where it stopped. Ctrl-C finishes the
 current step, saves a checkpoint and exits with status 130. Afterwards the
 model completes a few of the task's prompts.
 
+Fine-tuning the real model: --init starts from a pretrained chat model instead of
+random weights, on a chat task (json-extract, identity):
+
+    python -m transformer_lab.train --init smollm2 --task json-extract --lora 8 --minutes 8 --out runs/json
+    python -m transformer_lab.chat --model runs/json/model.npz
+
+--lora R trains rank-R adapters on every linear layer (without it, every weight is
+trained); --checkpoint recomputes each block in the backward instead of keeping its
+activations; --minutes M stops after M minutes of training, with the steps (and so
+the learning-rate schedule) planned from the first steps' measured time. The held-out
+scores and the retention questions are evaluated before and after, through the
+serving engine. DIR/model.npz holds the merged weights, the config and the tokenizer
+(it runs alone: LLM("DIR/model.npz"), chat and serve --model); with --lora,
+DIR/adapter.npz holds the adapters alone. Ctrl-C stops after the current step and
+saves the model trained so far (every file is written atomically).
+
 Exit codes: 0 done, 1 a data file or checkpoint could not be read or the loss
-became non-finite, 2 bad command-line options, 130 interrupted.
+became non-finite, 2 bad command-line options (or an --init that is not a model),
+130 interrupted.
 """
 from __future__ import annotations
 
@@ -30,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import OneLineParser, int_at_least, non_negative_int, number_at_least
+from . import OneLineParser, int_at_least, non_empty_path, non_negative_int, number_at_least
 from ..training.backward import accumulate_grads
 from ..training.checkpoint import atomic_write, config_to_dict, load_checkpoint, save_checkpoint
 from ..config import Config, gpt2_config, llama_config
@@ -42,6 +59,7 @@ from ..training.mixed import PRECISIONS, make_precision
 from ..training.optim import AdamW, clip_grad_norm, cosine_lr
 from ..training.tasks import TASKS, get_task
 from ..validate import check_int
+from ..training.chat_tasks import CHAT_TASKS
 
 PROG = "python -m transformer_lab.train"
 ARCHS = ("llama", "gpt2")
@@ -57,6 +75,15 @@ QUICK_SEQ = {"induction": 16, "reverse": 8, "text": 32}
 # Below this width the matmuls are too small for a second BLAS thread to pay; on a busy
 # machine it costs several times the step time, as the threads wait for each other.
 MANY_THREADS_FROM = 256
+# Fine-tuning's defaults (--init): small batches of whole conversations, a LoRA learning
+# rate as peft's examples use it and a far smaller one for a full fine-tune.
+FINETUNE = dict(steps=100, batch=8, lr_lora=1e-3, lr_full=3e-5, weight_decay=0.0, eval=40)
+# Options of the from-scratch models, which a pretrained model already fixes, and back.
+SCRATCH_ONLY = ("data", "digits", "seq", "arch", "d_model", "layers", "heads", "resume",
+                "quick", "samples", "save_every", "precision")
+FINETUNE_ONLY = ("lora", "lora_alpha", "checkpoint", "minutes", "micro_batches", "eval")
+MODEL_FILE = "model.npz"
+ADAPTER_FILE = "adapter.npz"
 # On --resume the model and its data are the checkpoint's; the training options may change.
 FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed", "precision")
 CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
@@ -117,8 +144,9 @@ def build_parser():
         prog=PROG, description="Train a small transformer on a built-in task in pure NumPy.",
         epilog="Exit codes: 0 done, 1 unreadable data or checkpoint, or a non-finite loss, "
                "2 bad options, 130 interrupted (a checkpoint is saved first).")
-    p.add_argument("--task", choices=TASKS, metavar="TASK", default="addition",
-                   help="induction, addition (default), reverse or text")
+    p.add_argument("--task", choices=TASKS + CHAT_TASKS, metavar="TASK", default="addition",
+                   help="induction, addition (default), reverse or text; with --init: "
+                        "json-extract or identity")
     p.add_argument("--data", metavar="FILE",
                    help="text file for --task text (default: a fixed selection of the "
                         "Python standard library's own sources)")
@@ -157,14 +185,94 @@ def build_parser():
     p.add_argument("--threads", metavar="N", type=int_at_least(1),
                    help=f"BLAS threads (default 1 below --d-model {MANY_THREADS_FROM}, where a "
                         "second thread does not pay, else the BLAS default)")
+    ft = p.add_argument_group("fine-tuning a pretrained model")
+    ft.add_argument("--init", metavar="MODEL", type=non_empty_path,
+                    help="start from a pretrained model: smollm2 (the installed "
+                         "SmolLM2-135M-Instruct), a GGUF file or a model.npz")
+    ft.add_argument("--lora", metavar="R", type=int_at_least(1),
+                    help="train rank-R LoRA adapters on every linear layer (default: a full "
+                         "fine-tune of every weight)")
+    ft.add_argument("--lora-alpha", metavar="A", type=number_at_least(0, exclusive=True),
+                    help="LoRA's alpha; the update is scaled by alpha / R (default 2R)")
+    ft.add_argument("--checkpoint", action="store_true",
+                    help="activation checkpointing: keep each block's input only and "
+                         "recompute the block in the backward")
+    ft.add_argument("--minutes", metavar="M", type=number_at_least(0, exclusive=True),
+                    help="stop after M minutes of training; the steps are planned from the "
+                         "first steps' measured time")
+    ft.add_argument("--micro-batches", metavar="N", type=int_at_least(1), default=1,
+                    help="split each batch into N micro-batches and accumulate their grads "
+                         "(the loss divided by the whole batch's supervised tokens), so only "
+                         "one micro-batch's activations are held at a time (default 1)")
+    ft.add_argument("--eval", metavar="N", type=int_at_least(0),
+                    help=f"held-out examples scored before and after (default "
+                         f"{FINETUNE['eval']}; 0: no evaluation)")
     p.add_argument("--quick", action="store_true",
                    help=f"a tiny run: {QUICK['steps']} steps, batch {QUICK['batch']}, "
                         f"d_model {QUICK['d_model']}, {QUICK['heads']} heads, short rows")
     return p
 
 
-def resolve(args, parser):
-    """Fill in defaults (--quick's or the normal ones) and check the options fit together."""
+def _option(dest):
+    return "--" + dest.replace("_", "-")
+
+
+def resolve_finetune(args, parser, given):
+    """--init's defaults, and the options that a pretrained model does not take."""
+    for dest in SCRATCH_ONLY:
+        if dest in given:
+            parser.usage_error(f"{_option(dest)} applies to training from scratch, not to "
+                               f"fine-tuning with --init")
+    if args.task not in CHAT_TASKS:
+        parser.usage_error(f"--init fine-tunes a chat model on a chat task "
+                           f"({', '.join(CHAT_TASKS)}), not --task {args.task}")
+    if args.lora_alpha is not None and args.lora is None:
+        parser.usage_error("--lora-alpha needs --lora R")
+    if args.steps is None:
+        args.steps = FINETUNE["steps"] if args.minutes is None else 10 ** 9  # the clock decides
+    if args.batch is None:
+        args.batch = FINETUNE["batch"]
+    if args.micro_batches > args.batch:
+        parser.usage_error(f"--micro-batches ({args.micro_batches}) must not exceed --batch "
+                           f"({args.batch})")
+    if args.lr is None:
+        args.lr = FINETUNE["lr_lora"] if args.lora else FINETUNE["lr_full"]
+    if "weight_decay" not in given:
+        args.weight_decay = FINETUNE["weight_decay"]
+    if args.lora_alpha is None and args.lora:
+        args.lora_alpha = 2.0 * args.lora
+    if args.eval is None:
+        args.eval = FINETUNE["eval"]
+    args.warmup_given = args.warmup is not None  # else a --minutes run plans it
+    if args.warmup is None:
+        args.warmup = min(10, max(1, args.steps // 10))
+    return _resolve_schedule(args, parser)
+
+
+def _resolve_schedule(args, parser):
+    """The checks both kinds of run share: warmup before the end, min-lr at most lr; --out."""
+    if args.warmup >= args.steps:
+        parser.usage_error(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
+    if args.min_lr is None:
+        args.min_lr = args.lr / 10
+    if args.min_lr > args.lr:
+        parser.usage_error(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
+    args.out = Path(args.out) if args.out else Path("runs") / args.task
+    return args
+
+
+def resolve(args, parser, given=frozenset()):
+    """Fill in defaults (--quick's or the normal ones) and check the options fit together.
+    `given`: the dests set on the command line (parser.given)."""
+    if args.init is not None:
+        return resolve_finetune(args, parser, given)
+    for dest in FINETUNE_ONLY:
+        if dest in given:
+            parser.usage_error(f"{_option(dest)} applies to fine-tuning: give --init smollm2 "
+                               f"(or a GGUF file) too")
+    if args.task in CHAT_TASKS:
+        parser.usage_error(f"--task {args.task} fine-tunes a pretrained chat model: give "
+                           f"--init smollm2 (or a GGUF file)")
     preset = QUICK if args.quick else DEFAULTS
     for key in ("steps", "batch", "d_model", "layers", "heads", "lr"):
         if getattr(args, key) is None:
@@ -189,14 +297,7 @@ def resolve(args, parser):
                            f"{args.d_model} / --heads {args.heads} = {args.d_model // args.heads}")
     if args.warmup is None:
         args.warmup = args.steps // 10
-    if args.warmup >= args.steps:
-        parser.usage_error(f"--warmup ({args.warmup}) must be smaller than --steps ({args.steps})")
-    if args.min_lr is None:
-        args.min_lr = args.lr / 10
-    if args.min_lr > args.lr:
-        parser.usage_error(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
-    args.out = Path(args.out) if args.out else Path("runs") / args.task
-    return args
+    return _resolve_schedule(args, parser)
 
 
 def task_options(args) -> dict:
@@ -249,12 +350,21 @@ class Progress:
     def print(self, text):
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
+    def set_total(self, total):
+        """A new planned total (a --minutes run re-plans as it measures its steps)."""
+        self.total = total
+        self.every = max(1, (total - self.first) // 10)
+        if self.bar is not None:
+            self.bar.update(self.task, total=total)
+
     def update(self, row):
         self.recent.append((row["tokens_per_s"] * row["seconds"], row["seconds"]))
         rate = sum(t for t, _ in self.recent) / sum(s for _, s in self.recent)  # last 10 steps
         norm = "skip" if row["grad_norm"] is None else f"{row['grad_norm']:.2f}"  # loss scaler
         stats = (f"loss {row['loss']:.3f} |g| {norm} lr {row['lr']:.1e} "
                  f"{rate / 1000:.1f}k tok/s")
+        if "left_s" in row and self.bar is None:  # the bar shows its own time left
+            stats += f" {row['left_s'] / 60:.1f} min left"
         if self.bar is not None:
             self.bar.update(self.task, completed=row["step"], stats=stats)
         elif row["step"] == self.first + 1 or row["step"] % self.every == 0 \
@@ -479,9 +589,14 @@ def run(args, parser, given=frozenset()) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = resolve(parser.parse_args(argv), parser)
+    args = parser.parse_args(argv)
+    given = parser.given(argv)
+    args = resolve(args, parser, given)
     try:
-        return run(args, parser, parser.given(argv))
+        if args.init is not None:
+            from .finetune import run_finetune
+            return run_finetune(args, parser)
+        return run(args, parser, given)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
