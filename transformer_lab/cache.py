@@ -1,19 +1,55 @@
-"""KVCache: each layer's keys and values for a batch, and how many positions each row holds.
+"""The cache protocol forward() relies on, and the two caches of the core.
 
-Every row of the batch has its own length, so rows can sit at different
+Every row of a batch has its own length, so rows can sit at different
 positions (prompts of different lengths, one sequence rolled back after a
 rejected speculation). The lengths live here and only here: forward() asks the
-cache where the new tokens go (positions), hands it each layer's K/V to store
-and attend over (attend), and tells it when every layer is done (advance).
-truncate() and truncate_row() roll rows back.
+cache whether the new tokens fit (check), where they go (positions), hands it
+each layer's K/V to store and attend over (attend), and tells it when every
+layer is done (advance). Those four calls are CacheProtocol; anything that has
+them is a cache to forward(): KVCache (GQA/MHA/MQA), MLAKVCache (DeepSeek's
+latent attention), StreamingCache (attention sinks and a sliding window), and the
+serving engine's StepCache over its paged pool. A cache whose class sets
+rotates_keys = True (StreamingCache) is handed its keys before RoPE.
+
+KVCache(cfg, ...) for an MLA config returns an MLAKVCache, so a caller need not
+know which attention the config has. truncate() and truncate_row() roll rows back.
 """
 from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from .attention import attention_core
+from .mla import PATHS, mla_attention
 from .positions import apply_rope, rope_angles
 from .validate import check_int
+
+
+@runtime_checkable
+class CacheProtocol(Protocol):
+    """The four calls forward() makes of a cache, in the order it makes them per step.
+    runtime_checkable: isinstance(obj, CacheProtocol) says whether obj has all four."""
+
+    def check(self, cfg, batch: int, new: int) -> None:
+        """Raise ValueError unless `new` tokens for `batch` rows of config `cfg` fit."""
+
+    def positions(self, new: int) -> np.ndarray:
+        """The positions of the `new` tokens: [new] when every row agrees, else [B, new]."""
+
+    def attend(self, layer: int, q, k, v, *, causal: bool = True) -> np.ndarray:
+        """Store `layer`'s new keys and values k, v [B, T, G, D] after each row's positions,
+        and attend the queries q [B, T, H, D] over all the rows hold: out [B, T, H*D].
+        (MLAKVCache takes the latent c_kv and the RoPE key k_rope as k and v, and the
+        layer's up-projection wkv_b=, from which it computes keys and values.)"""
+
+    def advance(self, new: int) -> None:
+        """Every layer has attended `new` tokens per row: count them as held."""
+
+
+# The names forward() checks a cache for: CacheProtocol's calls, in their order.
+CACHE_CALLS = tuple(name for name, f in vars(CacheProtocol).items()
+                    if callable(f) and not name.startswith("_"))
 
 
 def _count(value, name, low=0):
@@ -27,21 +63,11 @@ def _cache_layout(cfg):
     return (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype)
 
 
-class KVCache:
-    """Keys and values of every layer for a batch, preallocated to max_len positions.
+class _RowLengths(CacheProtocol):
+    """What both core caches share: per-row lengths, the checks, positions, rolling back.
+    A subclass stores its arrays (_store) and attends."""
 
-    k[l] and v[l] are [B, max_len, G, D] in the model's dtype. Row b holds
-    positions 0 .. lengths[b] - 1; what lies beyond is stale and never read,
-    because attention masks every key past a query's own position.
-
-    For an MLA config (attention="mla") it holds only what MLA caches: per layer
-    latent[l] [B, max_len, kv_lora_rank + rope], whose views c_kv[l] [.., :kv_lora_rank]
-    and k_rope[l] [.., kv_lora_rank:] are the normed latent and the rotated RoPE key;
-    k and v are None. attend() then runs MLA by mla_path: "auto" (absorbed when it
-    costs fewer FLOPs, as for decode; naive for a prefill), "naive" or "absorbed".
-    """
-
-    def __init__(self, cfg, batch, max_len=None, *, mla_path="auto"):
+    def __init__(self, cfg, batch, max_len=None):
         max_len = cfg.max_seq if max_len is None else max_len
         for name, value in (("batch", batch), ("max_len", max_len)):
             check_int(value, f"KVCache: {name}", low=1, what="a positive int")
@@ -51,23 +77,6 @@ class KVCache:
         self.batch, self.max_len = int(batch), int(max_len)
         self._lengths = np.zeros(self.batch, dtype=np.int64)  # [B], positions held per row
         self._layout = _cache_layout(cfg)
-        self.mla = cfg.attention == "mla"
-        if self.mla:
-            from .mla import PATHS
-            if mla_path not in PATHS:
-                raise ValueError(f"KVCache: mla_path must be one of {', '.join(PATHS)}; "
-                                 f"got {mla_path!r}")
-            self.mla_path = mla_path
-            c = cfg.kv_lora_rank
-            shape = (self.batch, self.max_len, c + cfg.qk_rope_head_dim)
-            self.latent = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
-            self.c_kv = [a[..., :c] for a in self.latent]  # views: [B, max_len, c]
-            self.k_rope = [a[..., c:] for a in self.latent]  # views: [B, max_len, rope]
-            self.k = self.v = None
-            return
-        shape = (self.batch, self.max_len, cfg.n_kv_heads, cfg.head_dim)
-        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
-        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
 
     # ------------------------------------------------------------ lengths
 
@@ -112,10 +121,9 @@ class KVCache:
     def reset(self):
         self._lengths[:] = 0
 
-    # ------------------------------------------------------------ what forward() calls
+    # ------------------------------------------------------------ the protocol
 
     def check(self, cfg, batch, new):
-        """Raise ValueError unless `new` tokens for `batch` rows of this config fit."""
         if batch != self.batch:
             raise ValueError(f"cache was made for batch {self.batch}, tokens have batch {batch}")
         if self._layout != _cache_layout(cfg):
@@ -127,69 +135,143 @@ class KVCache:
                              f"max_len={self.max_len}")
 
     def positions(self, new):
-        """Positions of `new` tokens per row: [new] when every row agrees, else [B, new]."""
         offset = self._offset()
         if isinstance(offset, int):
             return np.arange(offset, offset + new)  # [T]
         return offset[:, None] + np.arange(new)  # [B, T]
 
-    def attend(self, layer, q, k, v, *, causal=True, wkv_b=None):
-        """Store the new K/V [B, T, G, D] of `layer` after each row's positions, and attend
-        the queries q [B, T, H, D] over everything the rows hold. Returns (out [B, T, H*D],
-        keys, values [B, S, G, D], offset): S covers the longest row, and offset (an int,
-        or [B]) is where each row's queries start, as attention_core takes it.
-
-        An MLA cache takes k = c_kv [B, T, c] and v = k_rope [B, T, rope] and the layer's
-        wkv_b, and returns (out [B, T, H*v], every c_kv, every k_rope, offset)."""
+    def _store(self, keys_at, values_at, k, v):
+        """Write k, v [B, T, ...] into keys_at, values_at [B, max_len, ...] after each row's
+        positions; returns (every key, every value [B, S, ...] as views, offset), where S
+        covers the longest row and offset (an int, or [B]) is where each row's queries start."""
         T = k.shape[1]
         offset = self._offset()
-        keys_at, values_at = (self.c_kv, self.k_rope) if self.mla else (self.k, self.v)
         if isinstance(offset, int):
             end = offset + T
-            keys_at[layer][:, offset:end] = k
-            values_at[layer][:, offset:end] = v
+            keys_at[:, offset:end] = k
+            values_at[:, offset:end] = v
         else:
             rows = np.arange(self.batch)[:, None]  # [B, 1]
             at = offset[:, None] + np.arange(T)  # [B, T]
-            keys_at[layer][rows, at] = k
-            values_at[layer][rows, at] = v
+            keys_at[rows, at] = k
+            values_at[rows, at] = v
             end = int(offset.max()) + T
-        keys, values = keys_at[layer][:, :end], values_at[layer][:, :end]  # views
-        if self.mla:
-            from .mla import mla_attention
-            if wkv_b is None:
-                raise ValueError("KVCache.attend: an MLA cache needs the layer's wkv_b")
-            out = mla_attention(q, keys, values, wkv_b, offset, causal=causal,
-                                path=self.mla_path, latent=self.latent[layer][:, :end])
-            return out, keys, values, offset
-        return attention_core(q, keys, values, offset, causal=causal), keys, values, offset
+        return keys_at[:, :end], values_at[:, :end], offset
 
     def advance(self, new):
-        """Every layer has stored `new` tokens per row: count them."""
         self._lengths += new
 
-    # ------------------------------------------------------------ size
+    # ------------------------------------------------------------ what the record reads
+
+    def attended(self, layer, new):
+        """What attend(layer, ...) of `new` tokens per row attended over, read between attend
+        and advance: (keys, values [B, S, ...], offset), as the activation record keeps them."""
+        end = int(self._lengths.max()) + new
+        keys, values = self._arrays(layer)
+        return keys[:, :end], values[:, :end], self._offset()
+
+
+class KVCache(_RowLengths):
+    """Keys and values of every layer for a batch, preallocated to max_len positions.
+
+    k[l] and v[l] are [B, max_len, G, D] in the model's dtype. Row b holds
+    positions 0 .. lengths[b] - 1; what lies beyond is stale and never read,
+    because attention masks every key past a query's own position.
+
+    For an MLA config (attention="mla"), KVCache(cfg, batch, max_len, mla_path=...)
+    makes an MLAKVCache instead: one constructor for every config.
+    """
+
+    mla = False
+
+    def __new__(cls, cfg, batch=None, max_len=None, **mla_options):
+        if cls is KVCache and getattr(cfg, "attention", None) == "mla":
+            return MLAKVCache(cfg, batch, max_len, **mla_options)
+        if mla_options:
+            raise ValueError(f"KVCache: {', '.join(mla_options)} is an MLA cache's option, and "
+                             f"this config's attention is {cfg.attention!r}")
+        return super().__new__(cls)
+
+    def __init__(self, cfg, batch, max_len=None):
+        super().__init__(cfg, batch, max_len)
+        shape = (self.batch, self.max_len, cfg.n_kv_heads, cfg.head_dim)
+        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+
+    def _arrays(self, layer):
+        return self.k[layer], self.v[layer]
+
+    def attend(self, layer, q, k, v, *, causal=True):
+        keys, values, offset = self._store(self.k[layer], self.v[layer], k, v)
+        return attention_core(q, keys, values, offset, causal=causal)
 
     @property
     def nbytes(self) -> int:
-        if self.mla:
-            return sum(a.nbytes for a in self.latent)
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     def bytes_per_token(self) -> int:
-        """2 (K and V) * layers * G * D * itemsize, per sequence in the batch; for MLA
-        layers * (kv_lora_rank + qk_rope_head_dim) * itemsize: the latent and the RoPE key."""
-        if self.mla:
-            return len(self.latent) * self.latent[0].shape[-1] * self.latent[0].itemsize
+        """2 (K and V) * layers * G * D * itemsize, per sequence in the batch."""
         _, _, G, D = self.k[0].shape
         return 2 * len(self.k) * G * D * self.k[0].itemsize
 
     def __repr__(self):
-        held = self._offset()
-        held = held if isinstance(held, int) else held.tolist()
-        layers = len(self.latent if self.mla else self.k)
-        return (f"KVCache({'MLA, ' if self.mla else ''}layers={layers}, batch={self.batch}, "
-                f"length={held}/{self.max_len}, {self.nbytes / 2**20:.2f} MiB)")
+        return _describe(self, len(self.k))
+
+
+class MLAKVCache(_RowLengths):
+    """What MLA caches for a batch, preallocated to max_len positions: per layer
+    latent[l] [B, max_len, kv_lora_rank + rope], whose views c_kv[l] [.., :kv_lora_rank]
+    and k_rope[l] [.., kv_lora_rank:] are the normed latent and the rotated RoPE key.
+    There are no per-head keys and values (k and v are None).
+
+    attend(layer, q, c_kv, k_rope, wkv_b=) runs MLA by mla_path: "auto" (absorbed when
+    it costs fewer FLOPs, as for decode; naive for a prefill), "naive" or "absorbed".
+    """
+
+    mla = True
+    k = v = None
+
+    def __init__(self, cfg, batch, max_len=None, *, mla_path="auto"):
+        if cfg.attention != "mla":
+            raise ValueError(f"MLAKVCache: the config's attention is {cfg.attention!r}, not 'mla'")
+        super().__init__(cfg, batch, max_len)
+        if mla_path not in PATHS:
+            raise ValueError(f"KVCache: mla_path must be one of {', '.join(PATHS)}; "
+                             f"got {mla_path!r}")
+        self.mla_path = mla_path
+        c = cfg.kv_lora_rank
+        shape = (self.batch, self.max_len, c + cfg.qk_rope_head_dim)
+        self.latent = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self.c_kv = [a[..., :c] for a in self.latent]  # views: [B, max_len, c]
+        self.k_rope = [a[..., c:] for a in self.latent]  # views: [B, max_len, rope]
+
+    def _arrays(self, layer):
+        return self.c_kv[layer], self.k_rope[layer]
+
+    def attend(self, layer, q, k, v, *, causal=True, wkv_b):
+        """k = c_kv [B, T, c] and v = k_rope [B, T, rope] of `layer`, and its wkv_b
+        [c, H*(nope+v)]: stored, then q [B, T, H, nope+rope] attends, out [B, T, H*v]."""
+        c_kv, k_rope, offset = self._store(self.c_kv[layer], self.k_rope[layer], k, v)
+        return mla_attention(q, c_kv, k_rope, wkv_b, offset, causal=causal, path=self.mla_path,
+                             latent=self.latent[layer][:, :c_kv.shape[1]])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.latent)
+
+    def bytes_per_token(self) -> int:
+        """layers * (kv_lora_rank + qk_rope_head_dim) * itemsize: the latent and the RoPE key."""
+        return len(self.latent) * self.latent[0].shape[-1] * self.latent[0].itemsize
+
+    def __repr__(self):
+        return _describe(self, len(self.latent))
+
+
+def _describe(cache, layers):
+    held = cache._offset()
+    held = held if isinstance(held, int) else held.tolist()
+    return (f"{type(cache).__name__}(layers={layers}, batch={cache.batch}, "
+            f"length={held}/{cache.max_len}, {cache.nbytes / 2**20:.2f} MiB)")
 
 
 # ---------------------------------------------------------------- attention sinks
@@ -205,7 +287,7 @@ def _per_row(value, name, batch, low):
                      for x in values], dtype=np.int64)
 
 
-class StreamingCache:
+class StreamingCache(CacheProtocol):
     """StreamingLLM's cache (Xiao et al., 2023): the first `sinks` tokens and the last `window`.
 
     A model trained with a causal mask leans on its first tokens as "attention sinks":
@@ -241,6 +323,7 @@ class StreamingCache:
         self._layout = _cache_layout(cfg)
         self._rope = (cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
         self._angles = (None, None)  # (key, (cos, sin)): one step's angles, shared by the layers
+        self._attended = (None, None, None, None)  # the last layer's (layer, keys, values, offset)
         shape = (batch, int(self.capacity.max()), cfg.n_kv_heads, cfg.head_dim)
         self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
         self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
@@ -289,9 +372,9 @@ class StreamingCache:
         at = np.take_along_axis(slots, kept[:, None] + np.arange(new), axis=1)  # [B, new]
         return at[0].copy() if (at == at[0]).all() else at
 
-    def attend(self, layer, q, k, v, *, causal=True, wkv_b=None):
+    def attend(self, layer, q, k, v, *, causal=True):
         """Drop the tokens that leave, store the new K/V (k unrotated) after the kept ones,
-        rotate every key by its slot and attend; returns (out, keys, values, offset)."""
+        rotate every key by its slot and attend; returns out [B, T, H*D]."""
         T = k.shape[1]
         kept, end, slots = self._positions_of_slots(T)
         keys, values = self.k[layer], self.v[layer]
@@ -311,7 +394,15 @@ class StreamingCache:
         keys, values = keys[:, :end], values[:, :end]  # [B, end, G, D]
         if self._rope is not None:
             keys = apply_rope(keys, *self._slot_angles(end, slots))
-        return attention_core(q, keys, values, offset, causal=causal), keys, values, offset
+        self._attended = (layer, keys, values, offset)
+        return attention_core(q, keys, values, offset, causal=causal)
+
+    def attended(self, layer, new):
+        """What the last attend(layer, ...) attended over: (keys rotated by their slots,
+        values [B, S, G, D], offset), as the activation record keeps them."""
+        held, keys, values, offset = self._attended
+        assert held == layer, "attended() reads the layer that attend() just ran"
+        return keys, values, offset
 
     def _slot_angles(self, end, slots):
         """RoPE's (cos, sin) for the slots, [end, D/2] (or [B, end, D/2]): made once per

@@ -156,7 +156,7 @@ def mla_attention_block(x, a, cfg, *, rope=None, causal=True, cache=None, layer=
 
     Without a cache it attends by the naive form (training's, whose backward is in
     training/backward.py); a cache stores c_kv and k_rope and attends by the path it
-    was made with (KVCache(mla_path=...), "auto" by default: absorbed for decode).
+    was made with (MLAKVCache(mla_path=...), "auto" by default: absorbed for decode).
     """
     from .acts import record, wants_patterns
     from .attention import attention_weights
@@ -170,11 +170,12 @@ def mla_attention_block(x, a, cfg, *, rope=None, causal=True, cache=None, layer=
         k, v = mla_keys_values(c_kv, k_rope, a["wkv_b"], cfg.n_heads, nope)
         out = attention_core(q, k, v, 0, causal=causal, scale=1.0 / math.sqrt(cfg.head_dim))
     else:
-        # The cache stores c_kv and k_rope after each row's positions; they become every
-        # cached latent and RoPE key, [B, S, c] and [B, S, rope].
-        out, c_kv, k_rope, offset = cache.attend(layer, q, c_kv, k_rope, causal=causal,
-                                                 wkv_b=a["wkv_b"])
+        # The cache (an MLAKVCache) stores c_kv and k_rope after each row's positions and
+        # attends over all it holds.
+        out = cache.attend(layer, q, c_kv, k_rope, causal=causal, wkv_b=a["wkv_b"])
     if acts is not None:
+        if cache is not None:  # every cached latent and RoPE key, [B, S, c] and [B, S, rope]
+            c_kv, k_rope, offset = cache.attended(layer, q.shape[1])
         record(acts, layer, {**extra, "attn.q": q, "attn.kv_a": kv_a, "attn.c_kv": c_kv,
                              "attn.k_rope": k_rope, "attn.out": out})
         if k is not None:

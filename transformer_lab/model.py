@@ -10,6 +10,7 @@ import numpy as np
 
 from .acts import record, wants_patterns
 from .attention import attention_core, attention_weights
+from .cache import CACHE_CALLS
 from .config import Config
 from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu
 from .params import PACKED_MODULES_BY_KEYS, PackedGroup, check_params
@@ -117,9 +118,11 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
         out = attention_core(q, k, v, offset, causal=causal)  # [B, T, H*D]
     else:
         # The cache stores the new K/V after each row's own positions and attends over all
-        # it holds; k and v become every cached key and value, [B, S, G, D].
-        out, k, v, offset = cache.attend(layer, q, k, v, causal=causal)
+        # it holds.
+        out = cache.attend(layer, q, k, v, causal=causal)  # [B, T, H*D]
     if acts is not None:
+        if cache is not None:  # the record keeps every cached key and value, [B, S, G, D]
+            k, v, offset = cache.attended(layer, T)
         record(acts, layer, {"attn.q": q, "attn.k": k, "attn.v": v, "attn.out": out})
         if wants_patterns(acts):
             pattern = attention_weights(q, k, offset, causal=causal)  # [B, H, T, S]
@@ -164,9 +167,6 @@ def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, act
 
 
 # ---------------------------------------------------------------- the model
-
-CACHE_CALLS = ("check", "positions", "attend", "advance")
-
 
 def embed(params, cfg: Config, tokens, positions=None):
     """Token embeddings plus, for learned or sinusoidal positions, those of `positions`:
@@ -219,10 +219,14 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
     (generate_stream): the check walks every array, about 0.8 ms on SmolLM2, per step."""
     if acts is not None and not isinstance(acts, dict):
         raise ValueError(f"acts must be a dict (or None), got {type(acts).__name__}")
-    # A cache is anything with KVCache's four calls (check, positions, attend, advance):
-    # the serving engine's paged cache is one too.
+    # A cache is anything with cache.CacheProtocol's four calls (check, positions, attend,
+    # advance): the serving engine's paged cache is one too. Recording through a cache also
+    # reads what each layer attended over (attended), which the core's caches keep.
     if cache is not None and not all(hasattr(cache, name) for name in CACHE_CALLS):
         raise ValueError(f"cache must be a KVCache, got {type(cache).__name__}")
+    if cache is not None and acts is not None and not hasattr(cache, "attended"):
+        raise ValueError(f"forward: acts need a cache that keeps what it attended over (a "
+                         f"KVCache); {type(cache).__name__} does not")
     tokens = np.asarray(tokens)
     T = tokens.shape[1] if tokens.ndim == 2 else 0
     positions = np.arange(T) if cache is None else cache.positions(T)  # [T], or [B, T] per row

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..attention import attention_core
+from ..cache import CacheProtocol
 from ..model import _forward_unchecked
 
 
@@ -67,8 +68,9 @@ class PagedKVPool:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
 
-class StepCache:
-    """The cache forward() sees for one step: KVCache's four calls over the paged pool."""
+class StepCache(CacheProtocol):
+    """The cache forward() sees for one step: cache.CacheProtocol's four calls over the
+    paged pool."""
 
     def __init__(self, pool: PagedKVPool, chunks, *, batch_invariant=False):
         self.pool = pool
@@ -157,7 +159,7 @@ class StepCache:
             self.gathered_bytes += 2 * keys.nbytes
             out[0, rows] = attention_core(q[0, rows], keys, values, positions,  # q [B, T, H, D]
                                           causal=causal)
-        return out, None, None, None
+        return out
 
     def advance(self, new):
         pass  # the scheduler counts computed tokens per sequence
