@@ -52,13 +52,14 @@ TITLE = {"zh": "低精度：BF16、FP16 与 FP8", "en": "Low precision: BF16, FP
 TEXT = {
     "zh": {
         "formats_title": "1. 格式并列（由 round_to 自己算出）",
-        "format": "格式", "layout": "符号.指数.尾数", "max": "最大有限值",
-        "min_normal": "最小正规数", "min_sub": "最小次正规数", "eps": "eps（1 之后的间距）",
-        "past_max": "超出最大值", "inf": "inf", "saturate": "饱和到最大值",
+        "format": "格式", "layout": "位", "max": "最大值",
+        "min_normal": "最小正规", "min_sub": "最小次正规", "eps": "eps",
+        "past_max": "溢出", "inf": "inf", "saturate": "饱和",
         "grid_title": "格点：1 附近与最大值附近",
         "below_one": "1 之前", "above_one": "1 之后", "top_two": "最大的两个值",
         "top_gap": "顶端间距",
-        "formats_note": "E4M3 是 PyTorch 的 float8_e4m3fn：没有 inf，指数 1111 仍是正规数，"
+        "formats_note": "位 = 符号.指数.尾数；eps = 1 之后的间距；溢出 = 超出最大值的数变成什么。"
+                        "E4M3 是 PyTorch 的 float8_e4m3fn：没有 inf，指数 1111 仍是正规数，"
                         "只有 S.1111.111 是 NaN；PyTorch 的转换把超出 ±448 的值（包括 inf）"
                         "饱和到 ±448。其余格式溢出到 ±inf。",
         "scores_title": "2. 注意力分数 q·k：exp 会不会溢出？",
@@ -88,14 +89,14 @@ TEXT = {
         "train_setup": "演示 11 的任务与设置（Llama 式块、AdamW、预热与余弦），d = {d}，{l} 层，"
                        "批 {b} × {t}，{steps} 步，{k} 个种子。最后的损失在同一批固定评估窗口上、"
                        "用 FP32 算。",
-        "run": "精度", "final": "最后损失", "flush": "FP16 冲成 0 的梯度",
-        "skipped": "跳过的步", "still": "最后一步没动的权重",
+        "run": "精度", "final": "最后损失", "flush": "冲成 0",
+        "skipped": "跳过", "still": "没动的权重",
         "runs": {"fp32": "fp32", "bf16-mixed": "bf16-mixed", "bf16": "bf16 权重",
-                 "fp16-scaled": "fp16-mixed，损失缩放", "fp16-unscaled": "fp16-mixed，不缩放"},
+                 "fp16-scaled": "fp16-mixed 缩放", "fp16-unscaled": "fp16-mixed 不缩放"},
         "train_note": "mixed：FP32 主权重与 AdamW 状态，前向与反向里每个矩阵乘法的输入与输出都在"
                       "格式里（FP32 累加）。bf16 权重：每次更新后权重本身舍入到 BF16。"
                       "冲成 0 的梯度 = FP32 里非零、该次运行里为 0 的梯度分量，在第一步与最后一步"
-                      "测量，取平均。损失缩放：GradScaler 的默认值（初值 2^16，每 2000 步无溢出"
+                      "测量，取平均；没动的权重：最后一步。跳过：损失缩放器跳过的步。损失缩放：GradScaler 的默认值（初值 2^16，每 2000 步无溢出"
                       "就翻倍，溢出就减半并跳过该步）。",
         "time": "共用时 {t}（NumPy 模拟格式，比 FP32 慢；本机）。",
         "obs_formats": "BF16 保留了 FP32 的范围（最大 {bf16_max}），但 eps 是 {bf16_eps}；FP16 的 eps "
@@ -130,14 +131,16 @@ TEXT = {
     },
     "en": {
         "formats_title": "1. The formats side by side (computed by round_to)",
-        "format": "format", "layout": "sign.exp.mant", "max": "largest finite",
-        "min_normal": "smallest normal", "min_sub": "smallest subnormal",
-        "eps": "eps (gap after 1)", "past_max": "past the max", "inf": "inf",
+        "format": "format", "layout": "bits", "max": "max",
+        "min_normal": "min normal", "min_sub": "min subnormal",
+        "eps": "eps", "past_max": "past max", "inf": "inf",
         "saturate": "saturates",
         "grid_title": "The grid near 1 and near the top",
         "below_one": "before 1", "above_one": "after 1", "top_two": "the two largest",
         "top_gap": "gap at top",
-        "formats_note": "E4M3 is PyTorch's float8_e4m3fn: no inf, exponent 1111 still holds "
+        "formats_note": "Bits = sign.exponent.mantissa; eps = the gap after 1; past max = what "
+                        "a value past the largest finite one becomes. E4M3 is PyTorch's "
+                        "float8_e4m3fn: no inf, exponent 1111 still holds "
                         "normals, only S.1111.111 is NaN; PyTorch's cast saturates anything past "
                         "±448 (inf included) to ±448. The other formats overflow to ±inf.",
         "scores_title": "2. Attention scores q·k: does exp overflow?",
@@ -168,17 +171,18 @@ TEXT = {
         "train_setup": "Demo 11's task and setup (Llama-style block, AdamW, warmup and cosine), "
                        "d = {d}, {l} layers, batch {b} × {t}, {steps} steps, {k} seeds. The final "
                        "loss is on one fixed evaluation batch, computed in FP32.",
-        "run": "precision", "final": "final loss", "flush": "grads flushed (FP16)",
-        "skipped": "skipped", "still": "weights unmoved",
+        "run": "precision", "final": "final loss", "flush": "flushed",
+        "skipped": "skipped", "still": "unmoved",
         "runs": {"fp32": "fp32", "bf16-mixed": "bf16-mixed", "bf16": "bf16 weights",
-                 "fp16-scaled": "fp16-mixed, scaled", "fp16-unscaled": "fp16-mixed, unscaled"},
+                 "fp16-scaled": "fp16-mixed scaled", "fp16-unscaled": "fp16-mixed unscaled"},
         "train_note": "mixed: FP32 master weights and AdamW state; in the forward and backward "
                       "every matrix product reads and writes the format (FP32 accumulation). "
                       "bf16 weights: after each update the weights themselves are rounded to "
-                      "BF16. Grads flushed = gradient entries non-zero in FP32 and zero in the "
-                      "run, measured at the first and the last step, averaged. Weights unmoved: "
-                      "at the last step. Loss scaling: GradScaler's defaults (2^16 to start, "
-                      "doubled after 2000 clean steps, halved on an overflow, which skips the step).",
+                      "BF16. Flushed = gradient entries non-zero in FP32 and zero in the "
+                      "run, measured at the first and the last step, averaged. Unmoved: the "
+                      "weights a step left unchanged, at the last step. Skipped: by the loss "
+                      "scaler. Loss scaling: GradScaler's defaults (2^16 to start, doubled "
+                      "after 2000 clean steps, halved on an overflow, which skips the step).",
         "time": "Took {t} in all (NumPy simulating the formats, slower than FP32; this machine).",
         "obs_formats": "BF16 keeps FP32's range (max {bf16_max}) but its eps is {bf16_eps}; FP16's "
                        "eps is {ratio:.0f}x finer ({fp16_eps}) but its max only {fp16_max}; E4M3 "
