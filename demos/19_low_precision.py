@@ -45,7 +45,7 @@ STALL_LIMIT = 10_000  # the FP16 sum of 0.01s stalls before this many additions
 DOT_LENGTHS, QUICK_DOT_LENGTHS = (256, 1024, 4096), (256, 1024)
 DOT_ROWS = 32
 RUNS = ("fp32", "bf16-mixed", "bf16", "fp16-scaled", "fp16-unscaled")
-STEPS, QUICK_STEPS = 100, 12  # the full run trains as many steps as demo 11
+STEPS, QUICK_STEPS = 100, 6  # the full run trains as many steps as demo 11
 QUICK_SEEDS = (0, 1)
 
 TITLE = {"zh": "低精度：BF16、FP16 与 FP8", "en": "Low precision: BF16, FP16 and FP8"}
@@ -437,8 +437,9 @@ def train_run(run, cfg, task, sizes, seed, eval_batch, steps, d11):
     precision = run_precision(run)
     init_scale = None if precision.scaler is None else precision.scaler.scale
     curve, flushed, still = [], [], None
+    warmup = min(d11.WARMUP, steps // 5)  # demo 11's 10; --quick's 6 steps warm up for 1
     for step in range(steps):
-        opt.lr = cosine_lr(step, max_lr=setup["lr"], warmup=d11.WARMUP, total=steps,
+        opt.lr = cosine_lr(step, max_lr=setup["lr"], warmup=warmup, total=steps,
                            min_lr=d11.MIN_SHARE * setup["lr"])
         batch = task.batch(sizes["batch"], rng)
         loss, grads = precision.loss_and_grads(params, cfg, *batch)
