@@ -311,15 +311,21 @@ def random_scores(d, rng):
 _MODEL = {}  # SmolLM2, loaded once per process
 
 
-def real_scores():
-    """(scores [L, G, R, T, T] with -inf above the diagonal, info) of SmolLM2, or None."""
+def load_real_model():
+    """SmolLM2's (cfg, params, tokenizer), or None when it is not installed."""
     try:
         from transformer_lab import find_model, load_gguf
         if "model" not in _MODEL:
             _MODEL["model"] = load_gguf(find_model())
     except (OSError, ImportError, ValueError):
         return None
-    cfg, params, tokenizer = _MODEL["model"]
+    return _MODEL["model"]
+
+
+def real_scores(model):
+    """(scores [L, G, R, T, T] with -inf above the diagonal, info) of a model's real q and k
+    on REAL_TEXT, read from forward's activation record."""
+    cfg, params, tokenizer = model
     tokens = np.array([tokenizer.encode(REAL_TEXT)])
     acts = ActivationRecord()
     forward(params, cfg, tokens, acts=acts)
@@ -338,11 +344,11 @@ def attention_scores(quick):
     for d in (QUICK_DIMS if quick else DIMS):
         scores = random_scores(d, rng)
         rows += [score_row("random", d, scores, scaled) for scaled in (False, True)]
-    real = None if quick else real_scores()
-    if real is not None:
-        scores, info = real
-        rows += [score_row("real", info["d"], scores, scaled) for scaled in (False, True)]
-        real = info
+    model = None if quick else load_real_model()
+    real = None
+    if model is not None:
+        scores, real = real_scores(model)
+        rows += [score_row("real", real["d"], scores, scaled) for scaled in (False, True)]
     return {"rows": rows, "queries": QUERIES, "real": real}
 
 

@@ -137,3 +137,25 @@ def test_the_figures_plot_the_results(result, tmp_path, lang):
     lines = {line.get_gid(): line for line in figs["training"].axes[0].get_lines()}
     for r in result["train"]["rows"]:
         assert list(lines[r["run"]].get_ydata()) == r["curve"]
+
+
+def test_smollm2s_real_scores(result, smollm2):
+    cfg = smollm2[0]
+    scores, info = D19.real_scores(smollm2)
+    T = info["T"]
+    assert (info["layers"], info["heads"], info["d"]) == (cfg.n_layers, cfg.n_heads, cfg.head_dim)
+    assert scores.shape == (cfg.n_layers, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, T, T)
+    assert scores.dtype == np.float32
+    above = np.triu(np.ones((T, T), dtype=bool), 1)
+    assert np.isneginf(scores[..., above]).all() and np.isfinite(scores[..., ~above]).all()
+    rows = [D19.score_row("real", info["d"], scores, scaled) for scaled in (False, True)]
+    assert rows[0]["max_abs"] == pytest.approx(rows[1]["max_abs"] * 8, rel=1e-5)  # sqrt(64)
+    assert all(v == 0 for r in rows for v in r["over_stable"].values())
+    assert rows[0]["over"]["fp16"] >= rows[1]["over"]["fp16"]
+    full = copy.deepcopy(result)
+    full["scores"]["rows"] += rows
+    full["scores"]["real"] = info
+    text = flat(rendered_text(D19, full, "en"))
+    assert f"the largest |q·k| is {rows[0]['max_abs']:.3g}; without 1/√d, " \
+           f"{D19._pct(rows[0]['over']['fp16'])} of exp(score) overflow FP16" in text
+    assert f"{info['layers']} layers × {info['heads']} heads, d = {info['d']}" in text
