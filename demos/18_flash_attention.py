@@ -56,8 +56,8 @@ TEXT = {
         "form": "形式", "f32": "float32", "f64": "float64",
         "core": "attention_core（按行分块）", "tiled": "分块 {bq}×{bk}",
         "merged": "{n} 段键的 lse 合并（非因果）", "bwd": "反向（由 lse 重算 P）对 attention_core_backward",
-        "mem": "2. 峰值内存（tracemalloc 实测），单头，D={D}，float32，因果",
-        "T": "T", "scores": "得分矩阵", "plain": "朴素（整块得分）", "core_col": "attention_core",
+        "mem": "2. 峰值内存（tracemalloc 实测），单头，D={D}，float32，因果（core：attention_core）",
+        "T": "T", "scores": "得分矩阵", "plain": "朴素（整块得分）", "core_col": "core",
         "flash": "分块 64×64", "share": "分块/得分矩阵",
         "io": "3. 慢速内存（HBM）读写字节对快速内存（SRAM）大小：T=S={T}，D={D}，float32（按分块"
               "循环计数）",
@@ -107,9 +107,10 @@ TEXT = {
         "core": "attention_core (row blocks)", "tiled": "tiles {bq}×{bk}",
         "merged": "lse merge of {n} key ranges (not causal)",
         "bwd": "backward (P from lse) vs attention_core_backward",
-        "mem": "2. Peak memory (tracemalloc, measured), one head, D={D}, float32, causal",
-        "T": "T", "scores": "score matrix", "plain": "plain (all scores)",
-        "core_col": "attention_core", "flash": "tiles 64×64", "share": "tiles/scores",
+        "mem": "2. Peak memory (tracemalloc, measured), one head, D={D}, float32, causal "
+               "(core: attention_core)",
+        "T": "T", "scores": "scores", "plain": "plain (all scores)",
+        "core_col": "core", "flash": "tiles 64×64", "share": "tiles/scores",
         "io": "3. Slow-memory (HBM) bytes against the fast-memory (SRAM) size: T=S={T}, D={D}, "
               "float32 (counted by the tile loop)",
         "sram": "SRAM", "blocks": "tile", "flash_c": "tiled (causal)", "ratio": "vs above",
@@ -454,7 +455,7 @@ def figures(result, lang="zh"):
     mem = result["memory"]
     fig, ax = new_figure()
     Ts = [r["T"] for r in mem["rows"]]
-    labels = {"plain": names["plain"], "core": names["core_col"], "flash": names["flash"]}
+    labels = {"plain": names["plain"], "core": "attention_core", "flash": names["flash"]}
     for form in MEM_FORMS:
         ax.plot(Ts, [r[form] / 2 ** 20 for r in mem["rows"]], "o-", label=labels[form],
                 gid=f"mem_{form}")
