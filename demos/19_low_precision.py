@@ -112,6 +112,9 @@ TEXT = {
                       "最多差 {e43s}。",
         "obs_real": "SmolLM2 真实的 q、k：最大 |q·k| 是 {mx}，不除以 √d 时 {over} 的 exp(分数) "
                     "超出 FP16；除以 √d 后是 {over_s}。",
+        "obs_real_still": "真实模型里除以 √d 还不够：分数的标准差仍是 {std}，{over} 的 exp(分数) "
+                          "超出 FP16、{over8} 超出 E4M3，直接 softmax 有 {nan} 的行是 NaN；"
+                          "让它安全的是先减行最大值（之后溢出比例为 {stable}）。",
         "obs_sums": "0.01 加 {n} 次：FP16 累加器得 {s16}，FP32 得 {s32}，FP16 输入加进 FP32 累加器得 "
                     "{smix}——后者的误差只来自 0.01 在 FP16 里的表示（{n} × {stored} = {prod}）。"
                     "FP16 累加器在 {stall} 处停住（第 {k} 次加法起：那里的间距是 {gap}，"
@@ -198,6 +201,10 @@ TEXT = {
                       "{big} is {gap}); divided by √d, E4M3 is off by at most {e43s}.",
         "obs_real": "SmolLM2's real q and k: the largest |q·k| is {mx}; without 1/√d, {over} of "
                     "exp(score) overflow FP16; divided by √d, {over_s}.",
+        "obs_real_still": "In the real model 1/√d is not enough: the scores' std is still {std}, "
+                          "{over} of exp(score) overflow FP16 and {over8} pass E4M3's 448, and a "
+                          "plain softmax returns NaN for {nan} of the rows; what makes it safe is "
+                          "subtracting the row max (then {stable} overflow).",
         "obs_sums": "0.01 added {n} times: an FP16 accumulator gives {s16}, FP32 {s32}, and FP16 "
                     "inputs into an FP32 accumulator {smix}, whose error is only 0.01's FP16 "
                     "value ({n} × {stored} = {prod}). The FP16 sum stalls at {stall} (from "
@@ -570,6 +577,10 @@ def observations(result, lang):
         r0, r1 = f["real"][False], f["real"][True]
         out.append(t["obs_real"].format(mx=_g(r0["max_abs"]), over=_pct(r0["over"]["fp16"]),
                                         over_s=_pct(r1["over"]["fp16"])))
+        if r1["over"]["fp16"] > 0 or r1["nan_rows"]["fp16"] > 0:
+            out.append(t["obs_real_still"].format(
+                std=_g(r1["std"]), over=_pct(r1["over"]["fp16"]), over8=_pct(r1["over"]["e4m3"]),
+                nan=_pct(r1["nan_rows"]["fp16"]), stable=_pct(max(r1["over_stable"].values()))))
     fin = s["final"]
     out.append(t["obs_sums"].format(n=s["n"], s16=f"{fin['fp16']:.4f}", s32=f"{fin['fp32']:.4f}",
                                     smix=f"{fin['mixed']:.4f}", stored=f"{s['stored']:.7g}",

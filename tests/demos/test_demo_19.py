@@ -159,3 +159,11 @@ def test_smollm2s_real_scores(result, smollm2):
     assert f"the largest |q·k| is {rows[0]['max_abs']:.3g}; without 1/√d, " \
            f"{D19._pct(rows[0]['over']['fp16'])} of exp(score) overflow FP16" in text
     assert f"{info['layers']} layers × {info['heads']} heads, d = {info['d']}" in text
+    still = rows[1]["over"]["fp16"] > 0 or rows[1]["nan_rows"]["fp16"] > 0
+    assert ("In the real model 1/√d is not enough" in text) == still
+    if still:
+        assert f"plain softmax returns NaN for {D19._pct(rows[1]['nan_rows']['fp16'])}" in text
+    other = copy.deepcopy(full)
+    for r in other["scores"]["rows"][-1:]:
+        r["over"]["fp16"] = r["nan_rows"]["fp16"] = 0.0
+    assert "1/√d is not enough" not in " ".join(D19.observations(other, "en"))
