@@ -19,6 +19,7 @@ import numpy as np
 
 from transformer_lab.generation import generate_stream
 from transformer_lab.measure import time_side_by_side
+from transformer_lab.measure.agreement import greedy_agreement
 from transformer_lab import products
 
 N_REQUESTS = 32
@@ -266,8 +267,12 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True
                                            outs, max_num_seqs=max_num_seqs, **engines[name])
         result["engine_s"][name] = seconds
         tokens = [o.token_ids for o in outputs]
+        result.setdefault("kv_pool", {})[name] = dict(
+            kv_cache_dtype=llm.kv_cache_dtype, num_blocks=llm.num_blocks, bytes=llm.pool.nbytes)
         if reference is None:
             reference = tokens
+            # The int8 pool gets the float32 pool's memory: how many more blocks it holds.
+            engines["int8_kv"] = dict(kv_cache_dtype="int8", kv_cache_memory=llm.pool.nbytes)
             result["stats"] = llm.stats()
             result["kv"] = kv_waste(llm, cfg, outs)
             result["kv"]["contiguous_max_seq_slots"] = max_num_seqs * cfg.max_seq
@@ -275,6 +280,8 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True
             result["tpot_median_s"] = float(np.median([o.metrics.tpot for o in outputs]))
         result.setdefault("same_tokens_as_mixed", {})[name] = sum(
             a == b for a, b in zip(tokens, reference))
+        if name == "int8_kv":
+            result["int8_kv"] = greedy_agreement(params, cfg, prompts, reference, tokens)
 
     # The engine and the two baselines the targets compare it with run next to each other;
     # the machine probe before each run shows how much the machine's own speed drifted.
@@ -287,6 +294,7 @@ def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True
     result["hf_static_s"] = hf_static_batches(prompts, outs, max_num_seqs) if hf else None
     engine("alternate")
     engine("batch_invariant")
+    engine("int8_kv")
     tps = lambda s: generated / s  # noqa: E731
     result["tokens_per_s"] = {"one_by_one": tps(result["one_by_one_s"]),
                               "static": tps(result["static_s"]),
@@ -347,6 +355,20 @@ def print_serving(out, r):
         ["same tokens as mixed", ", ".join(f"{k} {v}/{r['requests']}"
                                            for k, v in r["same_tokens_as_mixed"].items())],
     ])
+    if r.get("int8_kv"):
+        pools, a = r["kv_pool"], r["int8_kv"]
+        f32, q8 = pools["mixed"], pools["int8_kv"]
+        gaps = sorted(p["gap"] for p in a["parted"])
+        out.table(["KV pool", "blocks", "bytes", "tok/s", "greedy tokens as float32"], [
+            [f32["kv_cache_dtype"], str(f32["num_blocks"]), f"{f32['bytes'] / 2**20:.1f} MiB",
+             f"{t['mixed']:.1f}", "-"],
+            ["int8", f"{q8['num_blocks']} ({q8['num_blocks'] / f32['num_blocks']:.2f}x)",
+             f"{q8['bytes'] / 2**20:.1f} MiB", f"{t['int8_kv']:.1f}",
+             f"{100 * a['agree']:.1f} % ({a['identical']}/{a['requests']} requests whole)"]],
+            caption="int8: keys scaled per channel per block, values per token (float16 "
+                    "scales), in the float32 pool's memory. Where a request parts from "
+                    "float32, the float32 model's top-2 logit gap there: "
+                    + (", ".join(f"{g:.3f}" for g in gaps) if gaps else "none parted"))
     if r.get("speculation"):
         out.table(["seqs", "requests", "plain tok/s", "ngram tok/s", "speedup",
                    "accepted", "same"],

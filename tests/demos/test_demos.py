@@ -60,7 +60,7 @@ def test_single_demo_runs_as_a_script_and_pipes_plain_text():
 
 # The demos whose --quick computation takes longest (training, the real model): each is
 # computed and rendered in-process above in both languages, so the piped run skips them.
-HEAVY = (9, 10, 11, 18, 19, 21)
+HEAVY = (9, 10, 11, 18, 19, 20, 21)
 
 
 def test_run_all_quick_piped_has_no_ansi_in_either_language():

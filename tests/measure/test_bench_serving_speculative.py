@@ -44,6 +44,25 @@ def test_serving_targets_read_the_result():
     bench_serving.print_serving(Output(quiet=True), worse)
 
 
+def test_the_int8_pool_is_printed_beside_the_float32_one():
+    tables = []
+
+    class Capture(Output):
+        def table(self, headers, rows, caption=None):
+            tables.append((headers, rows, caption))
+
+    r = serving_result(
+        tokens_per_s={"one_by_one": 10.0, "static": 30.0, "mixed": 60.0, "int8_kv": 55.0},
+        kv_pool={"mixed": {"kv_cache_dtype": "auto", "num_blocks": 100, "bytes": 2**20},
+                 "int8_kv": {"kv_cache_dtype": "int8", "num_blocks": 371, "bytes": 2**20 - 64}},
+        int8_kv={"tokens": 100, "same": 97, "agree": 0.97, "identical": 1, "requests": 2,
+                 "parted": [{"request": 1, "at": 57, "gap": 0.0123}]})
+    bench_serving.print_serving(Capture(quiet=True), r)
+    headers, rows, caption = next(t for t in tables if t[0][0] == "KV pool")
+    assert rows[1][:2] == ["int8", "371 (3.71x)"] and rows[1][4].startswith("97.0 %")
+    assert caption.endswith("0.012")
+
+
 def test_hf_baseline_is_skipped_without_torch():
     try:
         import torch  # noqa: F401

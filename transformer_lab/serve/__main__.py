@@ -27,6 +27,7 @@ from ..pretrained.gguf import MODEL_FILE
 from .api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from .engine_loop import BATCHING
 from .speculative_config import SpeculativeConfig
+from .model_runner import KV_CACHE_DTYPES
 
 API_KEY_ENV = "TRANSFORMER_LAB_API_KEY"
 
@@ -84,6 +85,9 @@ def build_parser():
     pool.add_argument("--kv-cache-memory", type=int_at_least(1), metavar="BYTES",
                       help="bytes for the KV pool (default: max-num-seqs full contexts, at "
                            "most 256 MiB)")
+    engine.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                        help="auto (the model's dtype), float32, or int8 (keys scaled per "
+                             "channel per block, values per token: ~3.7x the blocks)")
     engine.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching",
                         action="store_false", help="turn the prefix cache off")
     engine.add_argument("--batch-invariant", action="store_true",
@@ -122,7 +126,8 @@ def load_engine(args):
     options = dict(block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    enable_prefix_caching=args.enable_prefix_caching,
-                   batch_invariant=args.batch_invariant, speculative=args.speculative_config)
+                   batch_invariant=args.batch_invariant, speculative=args.speculative_config,
+                   kv_cache_dtype=args.kv_cache_dtype)
     if args.num_blocks is not None:
         options["num_blocks"] = args.num_blocks
     if args.kv_cache_memory is not None:

@@ -25,7 +25,7 @@ from ..products import invariant_block_rows, row_invariant_products
 from ..params import PACKED_MODULES_BY_KEYS as PACKED_KEYS, PackedGroup, check_params
 from ..speculative import Sampler, accept
 from .block_manager import BlockManager
-from .model_runner import ModelRunner, PagedKVPool
+from .model_runner import ModelRunner, PagedKVPool, check_kv_cache_dtype
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, SequenceStatus
@@ -183,7 +183,7 @@ class LLM:
     def _setup(self, cfg, params, tokenizer, *, block_size=16, num_blocks=None,
                kv_cache_memory=None, max_num_seqs=32, max_num_batched_tokens=1024,
                enable_prefix_caching=True, batch_invariant=False, mix_prefill_decode=True,
-               speculative=None):
+               speculative=None, kv_cache_dtype="auto"):
         check_params(params, cfg)
         if cfg.attention == "mla":
             # An MLA block would be one [block_size, kv_lora_rank + rope] array per layer,
@@ -202,12 +202,13 @@ class LLM:
                 raise ValueError(f"LLM: {name} must be True or False, got {value!r}")
         if num_blocks is not None and kv_cache_memory is not None:
             raise ValueError("LLM: give num_blocks or kv_cache_memory, not both")
-        per_block = PagedKVPool.bytes_per_token(cfg) * self.block_size
+        self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
+        per_block = PagedKVPool.bytes_per_block(cfg, self.block_size, kv_cache_dtype)
         if num_blocks is None:
             memory = _positive_int("kv_cache_memory", kv_cache_memory, allow_none=True)
             if memory is None:
-                memory = min(DEFAULT_KV_CACHE_MEMORY, self.max_num_seqs * cfg.max_seq
-                             * PagedKVPool.bytes_per_token(cfg))
+                memory = min(DEFAULT_KV_CACHE_MEMORY,
+                             self.max_num_seqs * cfg.max_seq * per_block // self.block_size)
             num_blocks = memory // per_block
             if num_blocks < 1:
                 raise ValueError(f"LLM: kv_cache_memory={memory} bytes holds no block of "
@@ -224,7 +225,7 @@ class LLM:
                                    max_num_batched_tokens=self.max_num_batched_tokens,
                                    mix=bool(mix_prefill_decode), canonical=self.batch_invariant,
                                    speculative=self.speculative)
-        self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size)
+        self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size, kv_cache_dtype)
         self.runner = ModelRunner(params, cfg, self.pool, batch_invariant=self.batch_invariant)
         self.invariant_rows = (invariant_block_rows(product_weights(params, cfg), INVARIANT_ROWS)
                                if self.batch_invariant else None)

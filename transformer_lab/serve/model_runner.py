@@ -48,24 +48,133 @@ from ..model import _forward_unchecked
 SHORT_CHUNK = 16
 
 
-class PagedKVPool:
-    """K and V of every layer, [num_blocks, block_size, G, D] each."""
+KV_CACHE_DTYPES = ("auto", "float32", "int8")
 
-    def __init__(self, cfg, num_blocks, block_size):
+
+def check_kv_cache_dtype(kv_cache_dtype) -> str:
+    """One of KV_CACHE_DTYPES; a ValueError naming them otherwise."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"LLM: kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                         f"got {kv_cache_dtype!r}")
+    return kv_cache_dtype
+
+
+class PagedKVPool:
+    """K and V of every layer, [num_blocks, block_size, G, D] each.
+
+    kv_cache_dtype "auto" stores them in the model's dtype, "float32" in float32, "int8"
+    as int8 codes with float16 scales (KIVI's split, kv_quant.py): keys one scale per
+    channel per block, k_scale [num_blocks, G, D], because a few key channels are far
+    larger than the rest at every token; values one per token and KV head, v_scale
+    [num_blocks, block_size, G]. A block is dequantized as a step gathers it.
+
+    A block fills a few rows at a time (a prefill chunk, then one row per decode), and a
+    channel's scale must cover every row the block holds. So a write takes the block's
+    scale to max(old scale, new rows' max |k| / 127) channel by channel, and where a
+    channel's scale grew, re-quantizes the rows the block already held from their codes:
+    q' = round(q * old / new). Nothing ever clips; a held row is rounded once more only
+    when its channel's scale grows, by at most half a step of the new scale each time
+    (a block written whole, as a prefill writes most blocks, is rounded once). A write at
+    a block's first slot starts the block afresh: its rows are new, whatever the block
+    held for an earlier sequence. Rows past a rollback (rejected drafts) leave their
+    scale behind; it only ever covers more than the rows need.
+    """
+
+    def __init__(self, cfg, num_blocks, block_size, kv_cache_dtype="auto"):
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
-        shape = (self.num_blocks, self.block_size, cfg.n_kv_heads, cfg.head_dim)
-        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
-        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
-        self.layout = (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, np.dtype(cfg.dtype))
+        self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
+        self.int8 = kv_cache_dtype == "int8"
+        G, D = cfg.n_kv_heads, cfg.head_dim
+        shape = (self.num_blocks, self.block_size, G, D)
+        dtype = self.storage_dtype(cfg, kv_cache_dtype)
+        self.k = [np.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        self.v = [np.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
+        if self.int8:
+            self.k_scale = [np.zeros((self.num_blocks, G, D), np.float16)
+                            for _ in range(cfg.n_layers)]
+            self.v_scale = [np.zeros((self.num_blocks, self.block_size, G), np.float16)
+                            for _ in range(cfg.n_layers)]
+        self.layout = (cfg.n_layers, G, D, np.dtype(cfg.dtype))
 
     @staticmethod
-    def bytes_per_token(cfg) -> int:
-        """2 (K and V) * layers * G * D * itemsize."""
-        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+    def storage_dtype(cfg, kv_cache_dtype="auto"):
+        return {"auto": np.dtype(cfg.dtype), "float32": np.dtype(np.float32),
+                "int8": np.dtype(np.int8)}[check_kv_cache_dtype(kv_cache_dtype)]
+
+    @staticmethod
+    def bytes_per_token(cfg, kv_cache_dtype="auto") -> int:
+        """2 (K and V) * layers * G * D * itemsize (int8: the codes alone; the scales are
+        counted per block, bytes_per_block)."""
+        itemsize = PagedKVPool.storage_dtype(cfg, kv_cache_dtype).itemsize
+        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * itemsize
+
+    @staticmethod
+    def bytes_per_block(cfg, block_size, kv_cache_dtype="auto") -> int:
+        """What one block costs in every layer: its K and V, and for int8 its float16 scales
+        (G * D for the keys, block_size * G for the values)."""
+        n = PagedKVPool.bytes_per_token(cfg, kv_cache_dtype) * block_size
+        if check_kv_cache_dtype(kv_cache_dtype) == "int8":
+            n += cfg.n_layers * 2 * (cfg.n_kv_heads * cfg.head_dim + block_size * cfg.n_kv_heads)
+        return n
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+        arrays = self.k + self.v + (self.k_scale + self.v_scale if self.int8 else [])
+        return sum(a.nbytes for a in arrays)
+
+    # ------------------------------------------------------------ writing and reading
+
+    def store(self, layer, slots, k, v):
+        """Write the new rows k, v [N, G, D] into their slots [N] (block * size + offset)."""
+        G, D = k.shape[1:]
+        if not self.int8:
+            self.k[layer].reshape(-1, G, D)[slots] = k
+            self.v[layer].reshape(-1, G, D)[slots] = v
+            return
+        bs = self.block_size
+        # Values: one scale per token and head, over its D channels.
+        v_scale = (np.abs(v).max(axis=-1) / np.float32(127)).astype(np.float16)  # [N, G]
+        self.v_scale[layer].reshape(-1, G)[slots] = v_scale
+        self.v[layer].reshape(-1, G, D)[slots] = _codes(v, v_scale[..., None])
+        # Keys: each touched block's per-channel scale grows to cover its new rows.
+        blocks = slots // bs
+        touched, which = np.unique(blocks, return_inverse=True)  # [U], [N]
+        new_max = np.zeros((len(touched), G, D), np.float32)
+        np.maximum.at(new_max, which, np.abs(k))
+        old = self.k_scale[layer][touched].astype(np.float32)  # [U, G, D]
+        fresh = np.zeros(len(touched), bool)
+        fresh[which[slots % bs == 0]] = True  # a write at slot 0 starts the block afresh
+        old[fresh] = 0
+        scale = np.maximum(old, (new_max / np.float32(127)).astype(np.float16).astype(np.float32))
+        grew = (scale > old) & (old > 0)  # [U, G, D]: channels whose held rows need new codes
+        redo = grew.any(axis=(1, 2))
+        if redo.any():
+            ids = touched[redo]
+            held = self.k[layer][ids].astype(np.float32)  # [R, bs, G, D]
+            ratio = old[redo] / scale[redo]  # 1 where a channel did not grow: codes unchanged
+            self.k[layer][ids] = np.rint(held * ratio[:, None]).astype(np.int8)
+        scale16 = scale.astype(np.float16)
+        self.k_scale[layer][touched] = scale16
+        self.k[layer].reshape(-1, G, D)[slots] = _codes(k, scale16[which])
+
+    def gather(self, layer, tables):
+        """K and V of the blocks `tables` [B, width], as [B, width * block_size, G, D] in
+        float (int8: dequantized here, block by block scale)."""
+        B, width = tables.shape
+        _, bs, G, D = self.k[layer].shape
+        keys, values = self.k[layer][tables], self.v[layer][tables]  # [B, width, bs, G, D]
+        if self.int8:
+            keys = keys.astype(np.float32) * self.k_scale[layer][tables][:, :, None].astype(np.float32)
+            values = values.astype(np.float32) * self.v_scale[layer][tables][..., None].astype(np.float32)
+        return keys.reshape(B, width * bs, G, D), values.reshape(B, width * bs, G, D)
+
+
+def _codes(x, scale):
+    """round(x / scale) as int8 in -127..127 (0 where the scale is 0)."""
+    s = scale.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, np.rint(x / s), 0)
+    return np.clip(q, -127, 127).astype(np.int8)
 
 
 class StepCache(CacheProtocol):
@@ -128,19 +237,15 @@ class StepCache(CacheProtocol):
 
     def _gather(self, layer, table, length):
         """One sequence's first `length` K and V from its blocks, [1, length, G, D] each."""
-        _, bs, G, D = self.pool.k[layer].shape
-        k = self.pool.k[layer][table].reshape(1, -1, G, D)[:, :length]
-        v = self.pool.v[layer][table].reshape(1, -1, G, D)[:, :length]
-        self.gathered_bytes += 2 * len(table) * bs * G * D * k.itemsize
-        return k, v
+        k, v = self.pool.gather(layer, np.asarray(table)[None, :])
+        self.gathered_bytes += 2 * k.nbytes
+        return k[:, :length], v[:, :length]
 
     def attend(self, layer, q, k, v, *, causal=True):
         _, N, H, D = q.shape
         G = k.shape[2]
-        pool_k, pool_v = self.pool.k[layer], self.pool.v[layer]
         # 1. Store every new K/V row in its slot.
-        pool_k.reshape(-1, G, D)[self.slots] = k[0]
-        pool_v.reshape(-1, G, D)[self.slots] = v[0]
+        self.pool.store(layer, self.slots, k[0], v[0])
         out = np.empty((1, N, H * D), dtype=np.result_type(q.dtype, k.dtype))
         # 2. Prefill chunks, one by one (each is a BLAS-sized product already).
         for a, b, start, end, table in self.prefills:
@@ -151,11 +256,8 @@ class StepCache(CacheProtocol):
             out[:, a:b] = attention_core(q[:, a:b], ks, vs, start, causal=causal)
         # 3. Decodes and verify chunks, a group at a time, each row at its own position over
         #    its own blocks.
-        bs = pool_k.shape[1]
         for rows, positions, tables in self.decode_groups:
-            B, width = tables.shape
-            keys = pool_k[tables].reshape(B, width * bs, G, D)
-            values = pool_v[tables].reshape(B, width * bs, G, D)
+            keys, values = self.pool.gather(layer, tables)  # [B, width * bs, G, D]
             self.gathered_bytes += 2 * keys.nbytes
             out[0, rows] = attention_core(q[0, rows], keys, values, positions,  # q [B, T, H, D]
                                           causal=causal)

@@ -1,0 +1,119 @@
+"""Demo 20's observations, asserted on one --quick run (computed once per session), and its
+other wordings on edited copies of that result."""
+import copy
+
+import numpy as np
+import pytest
+
+from demo_helpers import demo, quick_result, rendered_text
+from transformer_lab.measure import param_bytes
+
+D20 = demo(20)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return quick_result(20)
+
+
+def flat(text):
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_every_format_is_measured_against_the_reference(result):
+    w = result["weights"]
+    g = w["group"]
+    assert [r["kind"] for r in w["rows"]] == list(D20.kinds(g))
+    by = {r["kind"]: r for r in w["rows"]}
+    assert by["float32"]["kl"] == 0 and by["float32"]["agree"] == 1.0
+    for r in w["rows"]:
+        assert r["kl"] >= 0 and 0 <= r["agree"] <= 1 and r["ppl"] > 1
+    assert by["bf16"]["kl"] < by["q8_0"]["kl"] < by["q4_0"]["kl"] < by[f"w4_g{g}"]["kl"]
+    assert by[f"awq_w4_g{g}"]["kl"] < by[f"w4_g{g}"]["kl"]  # the planted loud channels
+
+
+def test_bytes_per_token_and_the_bound_follow_from_the_formats(result):
+    w = result["weights"]
+    by = {r["kind"]: r for r in w["rows"]}
+    _, cfg, params, _, _ = D20.stand_in()
+    untied_rows = cfg.vocab * cfg.d_model - cfg.d_model  # a step reads one row of the table
+    assert by["float32"]["report"]["bytes_per_token"] == param_bytes(params) - 4 * untied_rows
+    assert by["bf16"]["report"]["bytes_per_token"] == by["float32"]["report"]["bytes_per_token"] / 2
+    bits = {k: by[k]["report"]["linear_bits"] for k in by}
+    assert bits["q8_0"] == 8.5 and bits["q4_1"] == 5.0 and bits["q4_0"] == 4.5
+    assert bits[f"w4_g{w['group']}"] == pytest.approx(4 + 20 / w["group"])
+    for r in w["rows"]:
+        assert r["bound_tokens_per_s"] == pytest.approx(w["bandwidth"] / r["report"]["bytes_per_token"])
+    assert w["decode_tokens_per_s"] > 0
+
+
+def test_the_group_size_divides_every_input_dimension():
+    from transformer_lab import llama_config
+    smollm2 = llama_config(vocab=64, d_model=576, n_heads=9, n_kv_heads=3, d_ff=1536, n_layers=1,
+                           max_seq=64)
+    assert D20.group_size(smollm2) == 64 and D20.group_size(D20.STAND_IN) == 128
+
+
+def test_the_keys_have_outlier_channels_and_want_a_scale_per_channel(result):
+    kv = result["kv"]
+    top = max(kv["layers"], key=lambda r: r["k_ratio"])
+    assert top["k_ratio"] > 2 * top["v_ratio"] and top["k_loud"] >= 1
+    e = kv["errors"]
+    for bits in (8, 4):
+        assert e[f"k{bits}"]["per_channel"] < e[f"k{bits}"]["per_token"]
+    assert e["k4"]["per_token"] > e["k8"]["per_token"]
+    assert len(kv["shown"]) == min(4, len(kv["layers"]))
+
+
+def test_observations_quote_the_results(result):
+    f = D20.findings(result)
+    text = flat(rendered_text(D20, result, "en"))
+    by = f["by"]
+    assert f"Q8_0 is close to lossless: KL {D20._kl(by['q8_0']['kl'])}" in text
+    assert "(W4 g128) are measurably worse" in text
+    assert f"lower the KL from {D20._kl(f['rtn']['kl'])} to {D20._kl(f['awq']['kl'])}" in text
+    e = result["kv"]["errors"]["k8"]
+    assert f"int8 keys per token err {e['per_token']:.4f}, per channel {e['per_channel']:.4f}" in text
+    bt = by["float32"]["report"]["bytes_per_token"] / by["q4_0"]["report"]["bytes_per_token"]
+    assert f"({bt:.2f}× fewer)" in text and "this run measured" in text
+    assert "Q4_1 looks lossless" not in text  # said only of SmolLM2, whose reference is Q4_1
+    zh = flat(rendered_text(D20, result, "zh"))
+    assert "接近无损" in zh and "按通道" in zh
+
+
+def test_the_other_wordings(result):
+    r = copy.deepcopy(result)
+    by = {row["kind"]: row for row in r["weights"]["rows"]}
+    g = r["weights"]["group"]
+    by["q8_0"]["kl"] = 0.5
+    by[f"awq_w4_g{g}"]["kl"] = by[f"w4_g{g}"]["kl"] * 2
+    r["model"] = "smollm2"
+    text = flat(" ".join(D20.observations(r, "en")))
+    assert "Q8_0 is not close to lossless" in text
+    assert "AWQ did not lower the KL this time" in text
+    assert "Q4_1 looks lossless" in text
+    by[f"w4_g{g}"]["kl"] = by["q8_0"]["kl"]
+    assert "not measurably worse" in " ".join(D20.observations(r, "en"))
+
+
+def test_quick_runs_on_the_stand_in_with_its_loud_channels_planted(result):
+    assert result["model"] == "stand_in" and result["tokens"] == D20.QUICK_TOKENS
+    _, cfg, params, _, _ = D20.stand_in()
+    gains = params["blocks"][0]["attn_norm"]["weight"]
+    assert np.sort(gains)[-2:].tolist() == [D20.LOUD, D20.LOUD]
+
+
+def test_the_int8_pool_holds_more_blocks_and_its_outputs_are_compared(result):
+    g = result["engine"]
+    f32, int8 = g["runs"]["float32"], g["runs"]["int8"]
+    assert int8["bytes"] <= g["memory"] and f32["bytes"] == g["memory"]
+    assert g["block_ratio"] == int8["blocks"] / f32["blocks"] >= 3.5
+    assert g["tokens"] == g["requests"] * g["new_tokens"]
+    assert g["agree"] == g["same"] / g["tokens"] >= 0.85
+    assert g["identical"] == g["requests"] - len(g["parted"])
+    text = flat(" ".join(D20.observations(result, "en")))
+    assert f"the int8 pool holds {int8['blocks']} blocks, the float32 one {f32['blocks']}" in text
+    assert f"on {100 * g['agree']:.1f} % of tokens" in text
+    none = copy.deepcopy(result)
+    none["engine"]["parted"] = []
+    assert "No request parted" in " ".join(D20.observations(none, "en"))
