@@ -85,7 +85,7 @@ def test_the_other_wordings(result):
     r = copy.deepcopy(result)
     by = {row["kind"]: row for row in r["weights"]["rows"]}
     g = r["weights"]["group"]
-    by["q8_0"]["kl"] = 0.5
+    by["q8_0"]["kl"] = 0.5  # and its perplexity as it was
     by[f"awq_w4_g{g}"]["kl"] = by[f"w4_g{g}"]["kl"] * 2
     r["model"] = "smollm2"
     text = flat(" ".join(D20.observations(r, "en")))

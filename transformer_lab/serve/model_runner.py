@@ -243,7 +243,6 @@ class StepCache(CacheProtocol):
 
     def attend(self, layer, q, k, v, *, causal=True):
         _, N, H, D = q.shape
-        G = k.shape[2]
         # 1. Store every new K/V row in its slot.
         self.pool.store(layer, self.slots, k[0], v[0])
         out = np.empty((1, N, H * D), dtype=np.result_type(q.dtype, k.dtype))
