@@ -88,7 +88,7 @@ TEXT = {
         "kl": "KL/token", "agree": "top-1 一致", "ppl": "困惑度",
         "names": {"float32": "float32", "bf16": "bf16", "q8_0": "Q8_0", "q4_1": "Q4_1",
                   "q4_0": "Q4_0", "rtn": "W4 g{g} RTN", "awq": "W4 g{g} AWQ"},
-        "bytes_note": "位/权重：块内矩阵；词表（绑定的输出头）在量化格式里保持 Q8_0，与发布的文件相同，"
+        "bytes_note": "位/权重：块内矩阵；词表与输出头（SmolLM2 中二者绑定）在量化格式里保持 Q8_0，与发布的文件相同，"
                       "范数保持 float32。上限 = 带宽 {bw}B/s ÷ 字节/token（只算权重，不算 KV 缓存）。"
                       "NumPy 总以 float32 计算，所以本次运行每种格式都是 {speed} tok/s（float32 实测）。",
         "quality_title": "质量：与参照相比（KL 是参照 ‖ 量化，按 token 平均）",
@@ -136,8 +136,8 @@ TEXT = {
         "kl": "KL/token", "agree": "top-1 agree", "ppl": "perplexity",
         "names": {"float32": "float32", "bf16": "bf16", "q8_0": "Q8_0", "q4_1": "Q4_1",
                   "q4_0": "Q4_0", "rtn": "W4 g{g} RTN", "awq": "W4 g{g} AWQ"},
-        "bytes_note": "Bits/weight: the block matrices; the token table (the tied head) stays "
-                      "Q8_0 in the quantized formats, as in the shipped file, and norms float32. "
+        "bytes_note": "Bits/weight: the block matrices; the token table and the head (tied in "
+                      "SmolLM2) stay Q8_0 in the quantized formats, as in the shipped file, and norms float32. "
                       "Bound = bandwidth {bw}B/s ÷ bytes/token (weights only, no KV cache). "
                       "NumPy computes in float32 whatever the format, so this run decodes every "
                       "format at {speed} tok/s (measured on float32).",
