@@ -73,6 +73,8 @@ def group_size(cfg):
     return g
 
 
+NAMES = {"float32": "float32", "bf16": "bf16", "q8_0": "Q8_0", "q4_1": "Q4_1", "q4_0": "Q4_0",
+         "rtn": "W4 g{g} RTN", "awq": "W4 g{g} AWQ"}  # the formats, named alike in both languages
 TITLE = {"zh": "量化：每个权重更少字节，每个缓存 token 更少字节",
          "en": "Quantization: fewer bytes per weight, fewer per cached token"}
 TEXT = {
@@ -86,10 +88,8 @@ TEXT = {
         "bytes_title": "每解码一个 token 读的字节，与内存带宽允许的上限",
         "kind": "格式", "bits": "位/权重", "bytes_tok": "字节/token", "bound": "上限 tok/s",
         "kl": "KL/token", "agree": "top-1 一致", "ppl": "困惑度",
-        "names": {"float32": "float32", "bf16": "bf16", "q8_0": "Q8_0", "q4_1": "Q4_1",
-                  "q4_0": "Q4_0", "rtn": "W4 g{g} RTN", "awq": "W4 g{g} AWQ"},
-        "bytes_note": "位/权重：块内矩阵；词表与输出头（SmolLM2 中二者绑定）在量化格式里保持 Q8_0，与发布的文件相同，"
-                      "范数保持 float32。上限 = 带宽 {bw}B/s ÷ 字节/token（只算权重，不算 KV 缓存）。"
+        "bytes_note": "位/权重：块内矩阵；词表与输出头（SmolLM2 中二者绑定）在量化格式里保持 "
+                      "Q8_0，与发布的文件相同，范数保持 float32。上限 = 带宽 {bw}B/s ÷ 字节/token（只算权重，不算 KV 缓存）。"
                       "NumPy 总以 float32 计算，所以本次运行每种格式都是 {speed} tok/s（float32 实测）。",
         "quality_title": "质量：与参照相比（KL 是参照 ‖ 量化，按 token 平均）",
         "alpha_note": "AWQ 搜索到的 α（各层平均）：qkv {qkv}，o {o}，gate/up {gu}，down {down}。",
@@ -134,10 +134,9 @@ TEXT = {
         "bytes_title": "Bytes read per decoded token, and the bound memory bandwidth allows",
         "kind": "format", "bits": "bits/weight", "bytes_tok": "bytes/token", "bound": "bound tok/s",
         "kl": "KL/token", "agree": "top-1 agree", "ppl": "perplexity",
-        "names": {"float32": "float32", "bf16": "bf16", "q8_0": "Q8_0", "q4_1": "Q4_1",
-                  "q4_0": "Q4_0", "rtn": "W4 g{g} RTN", "awq": "W4 g{g} AWQ"},
         "bytes_note": "Bits/weight: the block matrices; the token table and the head (tied in "
-                      "SmolLM2) stay Q8_0 in the quantized formats, as in the shipped file, and norms float32. "
+                      "SmolLM2) stay Q8_0 in the quantized formats, as in the shipped file, and "
+                      "norms float32. "
                       "Bound = bandwidth {bw}B/s ÷ bytes/token (weights only, no KV cache). "
                       "NumPy computes in float32 whatever the format, so this run decodes every "
                       "format at {speed} tok/s (measured on float32).",
@@ -363,12 +362,12 @@ def _kl(x):
     return f"{x:.4f}" if x >= 1e-4 else f"{x:.1e}"
 
 
-def _name(t, kind, g):
+def _name(kind, g):
     if kind.startswith("awq"):
-        return t["names"]["awq"].format(g=g)
+        return NAMES["awq"].format(g=g)
     if kind.startswith("w"):
-        return t["names"]["rtn"].format(g=g)
-    return t["names"][kind]
+        return NAMES["rtn"].format(g=g)
+    return NAMES[kind]
 
 
 def findings(result):
@@ -448,7 +447,7 @@ def render(result, lang):
                                               T=result["tokens"]))
     print_section(t["bytes_title"])
     print_table([t["kind"], t["bits"], t["bytes_tok"], t["bound"]],
-                [[_name(t, r["kind"], g), _f(r["report"]["linear_bits"]),
+                [[_name(r["kind"], g), _f(r["report"]["linear_bits"]),
                   f"{fmt_num(r['report']['bytes_per_token'])}B", _rate(r["bound_tokens_per_s"])]
                  for r in w["rows"]])
     print_text(t["bytes_note"].format(bw=fmt_num(w["bandwidth"]),
@@ -456,7 +455,7 @@ def render(result, lang):
 
     print_section(t["quality_title"])
     print_table([t["kind"], t["kl"], t["agree"], t["ppl"]],
-                [[_name(t, r["kind"], g), _kl(r["kl"]), _f(r["agree"], 3), _f(r["ppl"])]
+                [[_name(r["kind"], g), _kl(r["kl"]), _f(r["agree"], 3), _f(r["ppl"])]
                  for r in w["rows"]])
     alphas = findings(result)["awq"]["report"]["alphas"]
     mean = {key: _f(np.mean([a[key] for a in alphas])) for key in alphas[0]}

@@ -164,8 +164,10 @@ class PagedKVPool:
         _, bs, G, D = self.k[layer].shape
         keys, values = self.k[layer][tables], self.v[layer][tables]  # [B, width, bs, G, D]
         if self.int8:
-            keys = keys.astype(np.float32) * self.k_scale[layer][tables][:, :, None].astype(np.float32)
-            values = values.astype(np.float32) * self.v_scale[layer][tables][..., None].astype(np.float32)
+            k_scale = self.k_scale[layer][tables].astype(np.float32)  # [B, width, G, D]
+            v_scale = self.v_scale[layer][tables].astype(np.float32)  # [B, width, bs, G]
+            keys = keys.astype(np.float32) * k_scale[:, :, None]
+            values = values.astype(np.float32) * v_scale[..., None]
         return keys.reshape(B, width * bs, G, D), values.reshape(B, width * bs, G, D)
 
 
