@@ -63,6 +63,35 @@ def _cache_layout(cfg):
     return (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.dtype)
 
 
+def _check_batch_and_layout(cache, cfg, batch):
+    """The tokens' batch and the config must be the ones the cache was made for."""
+    if batch != cache.batch:
+        raise ValueError(f"cache was made for batch {cache.batch}, tokens have batch {batch}")
+    if cache._layout != _cache_layout(cfg):
+        raise ValueError("cache does not match this config (layers, K/V heads, head_dim, "
+                         "MLA's latent or dtype)")
+
+
+class _PerHeadKV:
+    """k[l] and v[l], [B, slots, G, D] per layer in the model's dtype: what KVCache and
+    StreamingCache hold, and their size."""
+
+    def _allocate(self, cfg, slots):
+        shape = (self.batch, slots, cfg.n_kv_heads, cfg.head_dim)
+        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of K and V held, every slot of every row and layer."""
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def bytes_per_token(self) -> int:
+        """2 (K and V) * layers * G * D * itemsize, per sequence in the batch."""
+        _, _, G, D = self.k[0].shape
+        return 2 * len(self.k) * G * D * self.k[0].itemsize
+
+
 class _RowLengths(CacheProtocol):
     """What both core caches share: per-row lengths, the checks, positions, rolling back.
     A subclass stores its arrays (_store) and attends."""
@@ -124,11 +153,7 @@ class _RowLengths(CacheProtocol):
     # ------------------------------------------------------------ the protocol
 
     def check(self, cfg, batch, new):
-        if batch != self.batch:
-            raise ValueError(f"cache was made for batch {self.batch}, tokens have batch {batch}")
-        if self._layout != _cache_layout(cfg):
-            raise ValueError("cache does not match this config (layers, K/V heads, head_dim, "
-                             "MLA's latent or dtype)")
+        _check_batch_and_layout(self, cfg, batch)
         longest = int(self._lengths.max())
         if longest + new > self.max_len:
             raise ValueError(f"cache is full: {longest} cached + {new} new tokens exceed its "
@@ -171,7 +196,7 @@ class _RowLengths(CacheProtocol):
         return keys[:, :end], values[:, :end], self._offset()
 
 
-class KVCache(_RowLengths):
+class KVCache(_PerHeadKV, _RowLengths):
     """Keys and values of every layer for a batch, preallocated to max_len positions.
 
     k[l] and v[l] are [B, max_len, G, D] in the model's dtype. Row b holds
@@ -194,9 +219,7 @@ class KVCache(_RowLengths):
 
     def __init__(self, cfg, batch, max_len=None):
         super().__init__(cfg, batch, max_len)
-        shape = (self.batch, self.max_len, cfg.n_kv_heads, cfg.head_dim)
-        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
-        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self._allocate(cfg, self.max_len)
 
     def _arrays(self, layer):
         return self.k[layer], self.v[layer]
@@ -204,15 +227,6 @@ class KVCache(_RowLengths):
     def attend(self, layer, q, k, v, *, causal=True):
         keys, values, offset = self._store(self.k[layer], self.v[layer], k, v)
         return attention_core(q, keys, values, offset, causal=causal)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
-
-    def bytes_per_token(self) -> int:
-        """2 (K and V) * layers * G * D * itemsize, per sequence in the batch."""
-        _, _, G, D = self.k[0].shape
-        return 2 * len(self.k) * G * D * self.k[0].itemsize
 
     def __repr__(self):
         return _describe(self, len(self.k))
@@ -287,7 +301,7 @@ def _per_row(value, name, batch, low):
                      for x in values], dtype=np.int64)
 
 
-class StreamingCache(CacheProtocol):
+class StreamingCache(_PerHeadKV, CacheProtocol):
     """StreamingLLM's cache (Xiao et al., 2023): the first `sinks` tokens and the last `window`.
 
     A model trained with a causal mask leans on its first tokens as "attention sinks":
@@ -324,9 +338,7 @@ class StreamingCache(CacheProtocol):
         self._rope = (cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
         self._angles = (None, None)  # (key, (cos, sin)): one step's angles, shared by the layers
         self._attended = (None, None, None, None)  # the last layer's (layer, keys, values, offset)
-        shape = (batch, int(self.capacity.max()), cfg.n_kv_heads, cfg.head_dim)
-        self.k = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
-        self.v = [np.zeros(shape, dtype=cfg.dtype) for _ in range(cfg.n_layers)]
+        self._allocate(cfg, int(self.capacity.max()))  # the keys unrotated
 
     @property
     def lengths(self) -> np.ndarray:
@@ -357,11 +369,7 @@ class StreamingCache(CacheProtocol):
     # ------------------------------------------------------------ what forward() calls
 
     def check(self, cfg, batch, new):
-        if batch != self.batch:
-            raise ValueError(f"cache was made for batch {self.batch}, tokens have batch {batch}")
-        if self._layout != _cache_layout(cfg):
-            raise ValueError("cache does not match this config (layers, K/V heads, head_dim "
-                             "or dtype)")
+        _check_batch_and_layout(self, cfg, batch)
         if new > self.window.min():
             raise ValueError(f"StreamingCache: {new} new tokens exceed the window of "
                              f"{int(self.window.min())}; feed at most that many at once")
@@ -416,18 +424,6 @@ class StreamingCache(CacheProtocol):
     def advance(self, new):
         self._lengths = self._kept(new) + new
         self._seen += new
-
-    # ------------------------------------------------------------ size
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes of K and V the cache holds: sinks + window tokens per row, all layers."""
-        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
-
-    def bytes_per_token(self) -> int:
-        """2 (K and V) * layers * G * D * itemsize."""
-        _, _, G, D = self.k[0].shape
-        return 2 * len(self.k) * G * D * self.k[0].itemsize
 
     def __repr__(self):
         def show(a):
