@@ -66,7 +66,7 @@ TEXT = {
         "mass_note": "各头平均、各采样位置平均；均匀分配时 token 0 只得 {uniform}。"
                      "“仅窗口”一列是窗口里最旧的那个 token（它此时在位置 0）所得的比例。",
         "ppl_title": "困惑度与缓存大小（{n} 个 token）",
-        "variant": "变体", "held": "K/V 字节", "computed": "每个预测算几个 token",
+        "variant": "变体", "held": "K/V 字节", "computed": "计算 token",
         "ppl_after": "缓存满之后", "ppl_samples": "{r} 个采样位置",
         "names": {"full": "完整缓存", "window": "仅窗口", "sinks": "窗口 + 4 个汇点",
                   "recompute": "每步重算窗口", "far": "汇点远在 {gap} 之前"},
