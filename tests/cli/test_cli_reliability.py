@@ -253,7 +253,7 @@ CHAT_PROG = "python -m transformer_lab.chat"
 @pytest.mark.parametrize("argv, needle", [
     (["--seed", "-1", "hi"], "argument --seed: must be >= 0, got -1"),
     (["--seed", "1.5", "hi"], "argument --seed: expected an integer, got '1.5'"),
-    (["--gguf", "", "hi"], "argument --gguf: the path is empty ('')"),
+    (["--gguf", "", "hi"], "argument --model/--gguf: the path is empty ('')"),
     ([""], "empty prompt"),
     (["  \n"], "empty prompt"),
     (["--bogus"], "valid options: [question], --gguf PATH, --max-new-tokens N"),
