@@ -316,8 +316,11 @@ class StreamingCache(_PerHeadKV, CacheProtocol):
     tokens' original positions the window's distances would be the same (RoPE depends on
     the distance only) but the sinks' would grow with the text, past the longest distance
     the model was trained on (max_seq); and learned positions stop at max_seq altogether.
+    Demo 21 shows both: the window alone breaking on SmolLM2 and 4 sinks repairing it, and
+    the sinks moved 4 * max_seq back (where original positions would put them) breaking it.
 
-    k[l] and v[l] are [B, sinks + window, G, D], the keys unrotated. `window` and `sinks`
+    k[l] and v[l] are [B, sinks + window, G, D], the keys unrotated; a row holds at most
+    sinks + window tokens, the new ones included. `window` and `sinks`
     are ints, or one per row, so variants can share one forward pass. Every forward feeds
     at most `window` new tokens per row. Passed to forward(..., cache=) like a KVCache.
     """
