@@ -127,3 +127,18 @@ def test_the_figure_plots_the_curves_and_the_masses(result, tmp_path, lang):
     lines = {line.get_gid(): line for line in fig.axes[0].get_lines()}
     for key in ("full", "window", "sinks"):
         assert list(lines[key].get_ydata()) == result["curves"][key]
+
+
+def test_far_sinks_move_only_the_sinks():
+    # FarSinks with no gap is the StreamingCache; with a gap, the window's slots keep their
+    # positions and only the sinks' keys move back.
+    from transformer_lab import StreamingCache
+    cfg, ids = D21.STAND_IN, np.arange(40)[None] % 256
+    params = init_params(cfg, seed=0)
+    near, same, far = (StreamingCache(cfg, 1, 8, sinks=4), D21.FarSinks(cfg, 1, 8, 4, [0]),
+                       D21.FarSinks(cfg, 1, 8, 4, [1000]))
+    outs = [np.concatenate([forward(params, cfg, ids[:, t:t + 1], cache=c)
+                            for t in range(40)], axis=1) for c in (near, same, far)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert np.abs(outs[2] - outs[0])[:, 4:].max() > 1e-4
+    assert far.slot_positions(12).tolist() == [[-1000, -999, -998, -997, *range(4, 12)]]
