@@ -205,8 +205,9 @@ def load_model(quick, stand_in):
         except (OSError, ImportError, ValueError):
             pass
     ids = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)[:STAND_IN_TOKENS].astype(np.int64)
-    return (f"stand_in:{'asked' if stand_in else 'missing'}", STAND_IN, init_params(STAND_IN, seed=SEED), ids, STAND_IN_BUDGET,
-            STAND_IN_SAMPLES)
+    why = "asked" if stand_in else "missing"
+    return (f"stand_in:{why}", STAND_IN, init_params(STAND_IN, seed=SEED), ids,
+            STAND_IN_BUDGET, STAND_IN_SAMPLES)
 
 
 # ---------------------------------------------------------------- the variants

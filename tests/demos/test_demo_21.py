@@ -88,7 +88,8 @@ def test_observations_quote_the_results(result):
     rs = v["sinks"]["ppl_after"] / v["full"]["ppl_after"]
     assert (f"the window alone's perplexity is {rw:.2f}× the full cache's "
             f"({v['window']['ppl_after']:.2f} against {v['full']['ppl_after']:.2f})") in text
-    assert f"With 4 sinks (still 32 tokens in all): {v['sinks']['ppl_after']:.2f}, {rs:.2f}×" in text
+    assert (f"With 4 sinks (still 32 tokens in all): {v['sinks']['ppl_after']:.2f}, "
+            f"{rs:.2f}×") in text
     assert ("that is broken" in text) == (rw >= 1.5) and ("that is repaired" in text) == (rs <= 1.2)
     assert ("this run confirms" in text) == (rw >= 1.5 and rs <= 1.2)
     far = v[f"far{result['gaps'][-1]}"]
@@ -115,7 +116,8 @@ def test_the_verdicts_follow_the_numbers(result):
     sink = copy.deepcopy(result)
     sink["mass"]["full"] = [0.9] * result["n_layers"]
     obs = D21.observations(sink, "en")[0]
-    assert obs.startswith("The sinks are there") and f"more than half in {result['n_layers']} of" in obs
+    assert obs.startswith("The sinks are there")
+    assert f"more than half in {result['n_layers']} of" in obs
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
