@@ -75,6 +75,7 @@ TEXT = {
                     "“汇点远在 g 之前”：汇点按原始位置放在 g 个位置之前，相当于读了 g 个 token 之后"
                     "仍用原始位置（RoPE 只看距离）。",
         "time_title": "用时（本次运行实测）",
+        "curve_title": "每个 token 的 nll（64 个预测的滑动平均）",
         "pass": "计算", "rows": "行", "seconds": "秒", "per_token": "每个预测",
         "passes": {"full": "完整缓存，每次 {chunk} 个 token", "bounded": "有界变体同一批：先 {first} 个，再逐个",
                    "recompute": "每步重算窗口（批量预填充）"},
@@ -130,6 +131,7 @@ TEXT = {
                     "earlier, as original positions would put them after g tokens (RoPE sees "
                     "only distances).",
         "time_title": "Time (measured in this run)",
+        "curve_title": "nll per token (running mean of 64 predictions)",
         "pass": "pass", "rows": "rows", "seconds": "s", "per_token": "per prediction",
         "passes": {"full": "full cache, {chunk} tokens at a time",
                    "bounded": "bounded, one batch: {first} at once, then 1 by 1",
@@ -481,8 +483,8 @@ def figures(result, lang):
         left.plot(np.arange(len(curve)) + 64, curve, label=names[key], gid=key)
     _figures.mark_x(left, result["budget"], str(result["budget"]))
     left.set_xlabel("token")
-    left.set_ylabel("nll (64)")
-    left.set_title(t["ppl_title"].format(n=result["tokens"]), fontsize=9)
+    left.set_ylabel("nll")
+    left.set_title(t["curve_title"], fontsize=9)
     left.legend(fontsize=8)
     return {"nll_and_mass": fig}
 
