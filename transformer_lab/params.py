@@ -201,6 +201,12 @@ def _describe(cfg):
 # group stores them as one [d, sum of outs] array, and the usual keys hold views of
 # its column blocks, so the layout, and every lecture script that reads it, is unchanged.
 #
+# Packed params are also stored in the order BLAS reads fastest here, [out, in] row-major
+# (PyTorch's and GGUF's own): the packed arrays, wo, w_down and the head are Fortran-order
+# [in, out] arrays, i.e. the transposed view of an [out, in] row-major one, with the same
+# shape and values; a tied head's tok_emb is row-major [vocab, d], already [out, in].
+# products.matmul_rows sees the order and takes the form measured for it.
+#
 # What is packed is said by the params themselves: the group is a PackedGroup, which
 # holds the packed array beside its keys. Writing into a view (p["wq"][:] = ...) writes
 # into the packed array; putting a new array under a packed key (p["wq"] = new) drops
@@ -293,8 +299,8 @@ def _packed_groups(cfg: Config):
 
 def _pack_group(group, packed_name, keys, packed=None):
     """group as a PackedGroup whose keys are views of `packed` (made from group if None)."""
-    if packed is None:
-        packed = np.concatenate([group[key] for key in keys], axis=1)  # [d, sum of outs]
+    if packed is None:  # [d, sum of outs], stored [out, in]: each column block is contiguous
+        packed = np.asfortranarray(np.concatenate([group[key] for key in keys], axis=1))
     items, start = dict(group), 0
     for key in keys:
         width = group[key].shape[1]
@@ -304,23 +310,32 @@ def _pack_group(group, packed_name, keys, packed=None):
     return PackedGroup(items, {**old, packed_name: packed})
 
 
+# The matrices each product reads alone, stored [out, in] too: (group, key) in a block.
+SINGLE_PRODUCTS = (("attn", "wo"), ("mlp", "w_down"))
+
+
 def pack_weights(params, cfg: Config):
     """Pack each layer's wq, wk, wv (and w_gate, w_up for SwiGLU) into one array per group,
     in place: each block's attn (and mlp) becomes a PackedGroup with the same keys and
-    values, now views. With a tied head, tok_emb becomes column-major (the same [vocab, d]
-    values), so that the head's product, by tok_emb.T, reads a row-major matrix. A group
-    that is packed already is left as it is. Returns params."""
+    values, now views. Every product's matrix is stored [out, in] row-major (see above):
+    the packed arrays, wo, w_down and an untied head become Fortran-order [in, out]
+    arrays, a tied head's tok_emb stays row-major [vocab, d]. A group that is packed
+    already is left as it is. Returns params."""
     check_params(params, cfg)
     for p in params["blocks"]:
+        for name, key in SINGLE_PRODUCTS:
+            if name in p and key in p[name]:
+                p[name][key] = np.asfortranarray(p[name][key])  # the same array if it is already
         for name, packed_name, keys in _packed_groups(cfg):
             group = p[name]
             if not (isinstance(group, PackedGroup) and group.product(packed_name) is not None):
                 p[name] = _pack_group(group, packed_name, keys)
+    if "w" in params["lm_head"]:
+        params["lm_head"]["w"] = np.asfortranarray(params["lm_head"]["w"])
     if cfg.tie_embeddings:
-        # x @ tok_emb.T with tok_emb row-major is a transposed matrix-vector product,
-        # which OpenBLAS runs up to 2x slower than the plain one on the same bytes; the
-        # lookup tok_emb[tokens] gathers a few rows and hardly notices the order.
-        params["tok_emb"] = np.asfortranarray(params["tok_emb"])
+        # x @ tok_emb.T then reads tok_emb's rows, as every other product reads its [out, in]
+        # rows; the lookup tok_emb[tokens] gathers a few rows.
+        params["tok_emb"] = np.ascontiguousarray(params["tok_emb"])
     return params
 
 
@@ -329,10 +344,13 @@ def empty_packed_params(cfg: Config) -> dict:
     place (np.copyto into each leaf): the weights are never held twice."""
     params = map_params(lambda shape: np.empty(shape, dtype=cfg.dtype), param_shapes(cfg))
     for p in params["blocks"]:
+        for name, key in SINGLE_PRODUCTS:
+            if name in p and key in p[name]:
+                p[name][key] = np.empty(p[name][key].shape, dtype=cfg.dtype, order="F")
         for name, packed_name, keys in _packed_groups(cfg):
             width = sum(p[name][key].shape[1] for key in keys)
             p[name] = _pack_group(p[name], packed_name, keys,
-                                  np.empty((cfg.d_model, width), dtype=cfg.dtype))
-    if cfg.tie_embeddings:
-        params["tok_emb"] = np.empty((cfg.vocab, cfg.d_model), dtype=cfg.dtype, order="F")
+                                  np.empty((cfg.d_model, width), dtype=cfg.dtype, order="F"))
+    if "w" in params["lm_head"]:
+        params["lm_head"]["w"] = np.empty(params["lm_head"]["w"].shape, dtype=cfg.dtype, order="F")
     return params

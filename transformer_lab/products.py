@@ -31,32 +31,56 @@ from .precision import rounded
 # M = 4 / 8 / 16 against 45.9 / 55.8 / 63.0; inside the engine's step no faster, because
 # OpenBLAS's own threads, woken by the multi-threaded products around them (the head,
 # prefill), spin on the second core.
-_GEMV_ROWS = range(2, 5)
-_PAD_ROWS = range(5, 8)
-_PAD_TO = 8
 _invariant_rows = contextvars.ContextVar("invariant_rows", default=0)
+
+# The two storages of a weight w [in, out]: row-major [in, out] (init_params' arrays,
+# what x @ W reads plainly), or row-major [out, in] seen through its transpose (packed
+# params: params.pack_weights, load_gguf), which a GEMM reads as W^T x^T.
+IN_OUT, OUT_IN = "in_out", "out_in"
+# M -> form, for each storage; M not listed takes one GEMM.
+FORMS = {
+    IN_OUT: {**{m: "gemv_rows" for m in range(2, 5)}, **{m: "pad8" for m in range(5, 8)}},
+    OUT_IN: {},
+}
+_PAD_TO = 8
+
+
+def storage(w):
+    """OUT_IN when w [in, out] is the transposed view of a row-major [out, in] array."""
+    return OUT_IN if w.T.flags.c_contiguous and not w.flags.c_contiguous else IN_OUT
 
 
 def matmul_rows(x, w):
     """x [..., in] @ w [in, out] as 2-D products over all rows (NumPy's matmul of a stacked
-    [B, T, in] by a 2-D weight can be several times slower). The form depends on the row
-    count M (see above): one GEMM, one GEMV per row, or a GEMM padded to 8 rows. Under
-    row_invariant_products(rows), always GEMMs of exactly `rows` rows (zero-padded), so
-    each row's result is the same whatever rows share the product. dtype is kept.
-    Under precision.computing_in(fmt) the inputs and the output are rounded to fmt."""
+    [B, T, in] by a 2-D weight can be several times slower). The form depends on w's
+    storage and the row count M (see above): one GEMM, one GEMV per row, or a GEMM padded
+    to 8 rows. Under row_invariant_products(rows), always GEMMs of exactly `rows` rows
+    (zero-padded), so each row's result is the same whatever rows share the product.
+    Returns a row-major [..., out] in the dtype of x and w. Under
+    precision.computing_in(fmt) the inputs and the output are rounded to fmt."""
     x2, w = rounded(x.reshape(-1, x.shape[-1])), rounded(w)  # no-ops outside computing_in
-    m, rows = x2.shape[0], _invariant_rows.get()
+    rows = _invariant_rows.get()
     if rows:
         y = _fixed_block_product(x2, w, rows)
-    elif m in _GEMV_ROWS:
-        y = np.empty((m, w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
-        for i in range(m):
-            np.matmul(x2[i], w, out=y[i])
-    elif m in _PAD_ROWS:
-        y = _fixed_block_product(x2, w, _PAD_TO)
     else:
-        y = x2 @ w
+        y = product_form(FORMS[storage(w)].get(x2.shape[0], "gemm"), x2, w)
     return rounded(y).reshape(*x.shape[:-1], w.shape[-1])
+
+
+def product_form(form, x2, w):
+    """x2 [M, in] @ w [in, out] by the named form, row-major [M, out]: "gemm" (one call;
+    for OUT_IN storage the weight is on the left, (W^T x^T)^T), "gemv_rows" (one GEMV
+    per row) or "pad8" (one GEMM of the rows padded with zeros to a multiple of 8)."""
+    if form == "gemv_rows":
+        y = np.empty((x2.shape[0], w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
+        for i in range(x2.shape[0]):
+            np.matmul(x2[i], w, out=y[i])
+        return y
+    if form == "pad8":
+        return _fixed_block_product(x2, w, _PAD_TO)
+    if storage(w) == OUT_IN and x2.shape[0] > 1:
+        return np.ascontiguousarray((w.T @ x2.T).T)
+    return x2 @ w
 
 
 def _fixed_block_product(x2, w, rows):
@@ -67,7 +91,7 @@ def _fixed_block_product(x2, w, rows):
         x2 = np.concatenate([x2, np.zeros((padded - m, x2.shape[1]), dtype=x2.dtype)])
     y = np.empty((padded, w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
     for i in range(0, padded, rows):
-        np.matmul(x2[i:i + rows], w, out=y[i:i + rows])
+        y[i:i + rows] = product_form("gemm", x2[i:i + rows], w)
     return y[:m]
 
 

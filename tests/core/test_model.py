@@ -10,6 +10,7 @@ from transformer_lab import (TINY, TINY_GPT2, KVCache, check_params, forward, ge
                              param_shapes, sample_next)
 from transformer_lab import model as tl_model
 from transformer_lab.params import GATE_UP, QKV, PackedGroup, empty_packed_params
+from transformer_lab.products import OUT_IN, storage
 from reference import ref_forward, ref_loss
 
 # A float32 Llama-style config (GQA, RoPE) and a few position variants in float64.
@@ -592,9 +593,22 @@ def test_pack_weights_keeps_the_layout_and_the_values(cfg):
         gate_up = block["mlp"].product("w_gate_up") if cfg.mlp == "swiglu" else None
         assert (gate_up is not None) == (cfg.mlp == "swiglu")
     assert not any(isinstance(b["attn"], PackedGroup) for b in plain["blocks"])
-    # a tied head's tok_emb turns column-major, so tok_emb.T is a row-major [d, vocab]
-    assert packed["tok_emb"].flags.f_contiguous == cfg.tie_embeddings
-    assert packed["tok_emb"].T.flags.c_contiguous == cfg.tie_embeddings
+    assert_stored_out_in(packed, cfg)
+
+
+def assert_stored_out_in(params, cfg):
+    """Every product's matrix is stored [out, in] row-major, seen as its [in, out] transpose:
+    the packed arrays and their views, wo, w_down, an untied head; a tied head's tok_emb is
+    row-major [vocab, d] itself."""
+    for block in params["blocks"]:
+        matrices = [block["attn"].product("wqkv"), block["attn"]["wo"], block["mlp"]["w_down"],
+                    *(block["attn"][k] for k in QKV)]
+        if cfg.mlp == "swiglu":
+            matrices += [block["mlp"].product("w_gate_up"), *(block["mlp"][k] for k in GATE_UP)]
+        for w in matrices:
+            assert w.T.flags.c_contiguous and storage(w) == OUT_IN
+    head = params["tok_emb"].T if cfg.tie_embeddings else params["lm_head"]["w"]
+    assert head.T.flags.c_contiguous and storage(head) == OUT_IN
 
 
 @pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)
@@ -694,10 +708,29 @@ def test_pack_weights_leaves_packed_groups_as_they_are():
     embedding = params["tok_emb"]
     pack_weights(params, cfg)
     assert [b["attn"].product("wqkv") for b in params["blocks"]] == products  # the same arrays
-    assert params["tok_emb"] is embedding and embedding.flags.f_contiguous
+    assert params["tok_emb"] is embedding and embedding.flags.c_contiguous
     toks = tokens_for(cfg, 1, 5, 82)
     np.testing.assert_allclose(forward(params, cfg, toks), forward(plain, cfg, toks),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)
+def test_training_packed_params_updates_the_packed_products(cfg):
+    # backward reads the [out, in] storage through its views, and AdamW's in-place update
+    # of a view reaches the packed array the forward multiplies by
+    from transformer_lab import AdamW, loss_and_grads
+    plain, packed = packed_params(cfg, 83)
+    toks = tokens_for(cfg, 2, 6, 84)
+    targets = np.roll(toks, -1, axis=1)
+    tol = 1e-5 if cfg.dtype == np.float32 else 1e-10
+    for params in (plain, packed):
+        loss_value, grads = loss_and_grads(params, cfg, toks, targets)
+        AdamW(params, lr=1e-2).step(grads)
+    assert_stored_out_in(packed, cfg)
+    for (name, got), (_, want) in zip(leaves(packed), leaves(plain)):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=name)
+    np.testing.assert_allclose(forward(packed, cfg, toks), forward(plain, cfg, toks),
+                               rtol=tol, atol=tol)
 
 
 def test_empty_packed_params_are_laid_out_as_pack_weights_leaves_them():
@@ -707,7 +740,7 @@ def test_empty_packed_params_are_laid_out_as_pack_weights_leaves_them():
     for block in empty["blocks"]:
         assert all(block["attn"][k].base is block["attn"].product("wqkv") for k in QKV)
         assert all(block["mlp"][k].base is block["mlp"].product("w_gate_up") for k in GATE_UP)
-    assert empty["tok_emb"].flags.f_contiguous
+    assert_stored_out_in(empty, cfg)
 
 
 # ------------------------------------------------------------------ biases follow the config

@@ -19,7 +19,7 @@ from tiny_gguf import (MERGES, SPECIALS, TENSOR_TYPES, TOKENS, TYPES,  # noqa: E
                        tiny_config, tiny_params, write_gguf)
 
 from transformer_lab import (BPETokenizer, find_model, forward, init_params, named_params,  # noqa: E402
-                             llama_config, load_gguf)
+                             llama_config, load_gguf, map_params, pack_weights)
 from transformer_lab import model  # noqa: E402
 from transformer_lab.pretrained import gguf as gguf_loader  # noqa: E402
 from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL  # noqa: E402
@@ -48,13 +48,14 @@ def test_params_equal_the_stored_values_in_the_standard_layout(tmp_path, tie):
         expected[keys] = back.T if back.ndim == 2 and name != "token_embd.weight" else back
     for keys, want in expected.items():
         got = gguf_loader._lookup(loaded, keys)
-        # Q/K/V and gate/up are column blocks of one packed array per layer; a tied head's
-        # tok_emb is column-major; the rest are row-major arrays of their own.
+        # Q/K/V and gate/up are column blocks of one packed array per layer; every matrix
+        # a product reads is stored [out, in] row-major as in the file (seen as its [in, out]
+        # transpose); tok_emb and the norms are row-major arrays of their own.
         assert got.dtype == np.float32, keys
         if keys[-1] in ("wq", "wk", "wv", "w_gate", "w_up"):
-            assert got.base is not None and got.base.flags.c_contiguous, keys
-        elif keys == ("tok_emb",) and tie:
-            assert got.flags.f_contiguous, keys
+            assert got.base is not None and got.base.T.flags.c_contiguous, keys
+        if keys[-1] in ("wq", "wk", "wv", "w_gate", "w_up", "wo", "w_down", "w"):
+            assert got.T.flags.c_contiguous, keys
         else:
             assert got.flags.c_contiguous, keys
         np.testing.assert_array_equal(got, want, err_msg=str(keys))
@@ -105,11 +106,11 @@ def test_loaded_projections_are_packed(model_file):
         assert attn["wk"].base is qkv and attn["wv"].base is qkv
         assert mlp["w_gate"].base is mlp["w_up"].base
         assert mlp["w_up"].base.shape == (cfg.d_model, 2 * cfg.d_ff)
-        assert attn["wo"].base is None and mlp["w_down"].base is None
+        assert attn["wo"].flags.owndata and mlp["w_down"].flags.owndata
         # dequantized straight into the packed arrays, which forward then uses
         assert attn.product("wqkv") is qkv
         assert mlp.product("w_gate_up") is mlp["w_up"].base
-    assert loaded["tok_emb"].flags.f_contiguous  # tied head: tok_emb.T is row-major
+    assert loaded["tok_emb"].flags.c_contiguous  # tied head: tok_emb is [out, in] row-major
 
 
 def test_all_f32_file_loads_exactly_and_forwards_the_same(tiny):
@@ -121,7 +122,9 @@ def test_all_f32_file_loads_exactly_and_forwards_the_same(tiny):
         np.testing.assert_array_equal(got_leaves[name], want, err_msg=name)
         assert got_leaves[name].flags.owndata or got_leaves[name].base is not None
     tokens = np.arange(10)[None, :]
-    np.testing.assert_array_equal(forward(loaded, cfg, tokens), forward(params, cfg, tokens))
+    # the same bits as the same params packed (stored as the loader stores them)
+    packed = pack_weights(map_params(np.copy, params), cfg)
+    np.testing.assert_array_equal(forward(loaded, cfg, tokens), forward(packed, cfg, tokens))
 
 
 def test_float64_loading(model_file):

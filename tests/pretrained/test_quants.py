@@ -49,6 +49,26 @@ def test_writes_into_a_column_major_destination():
     np.testing.assert_array_equal(out, dequantize(data, Q.Q8_0).T)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_into_the_files_row_order_bit_for_bit(kind):
+    data = quantize(matrix(), Q[kind])  # uint8 [rows, bytes]
+    want = dequantize(data, Q[kind])  # [rows, cols]
+    got = quants.dequantize_into(data, kind, np.empty(want.shape, np.float32))
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dequantize_into_a_block_of_a_packed_array_stored_out_in(kind):
+    # a packed [in, sum of outs] array is stored [out, in] row-major (Fortran order seen
+    # as [in, out]); one matrix's columns are a block of its rows
+    data = quantize(matrix(rows=16), Q[kind])
+    packed = np.full((96, 40), 7.0, dtype=np.float32, order="F")
+    quants.dequantize_into(data, kind, packed[:, 8:24].T)
+    np.testing.assert_array_equal(packed[:, 8:24], dequantize(data, Q[kind]).T)
+    assert (packed[:, :8] == 7).all() and (packed[:, 24:] == 7).all()
+
+
 # ---------------------------------------------------------------- quantize, byte for byte
 
 def test_lowercase_and_gguf_names_are_the_same_kinds():

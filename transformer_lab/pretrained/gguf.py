@@ -1,9 +1,11 @@
 """Load a llama-architecture GGUF file into the standard params layout, with its tokenizer.
 
 GGUF keeps a matrix as [out, in] rows, quantized block by block along `in`.
-Every matrix is dequantized once, at load, and transposed to the [in, out]
-layout that x @ W wants; the token table [vocab, d] is already a lookup table
-and stays as it is. No `output.weight` means the head is tied to the token table.
+Every matrix is dequantized once, at load, straight into its place in packed params
+(params.pack_weights), which store the products' matrices in that same [out, in]
+order and show them as their [in, out] transposes, the layout x @ W wants; the token
+table [vocab, d] is a lookup table and stays as it is. No `output.weight` means the
+head is tied to the token table.
 
 GGUF also stores the Q and K rows of each head ordered for interleaved RoPE,
 which is the pairing apply_rope uses, so nothing is un-permuted.
@@ -241,10 +243,10 @@ def _dequantize(tensor, want_shape, dtype, path, out=None):
                          f"the metadata implies {list(stored_shape)}")
     direct = False  # written straight into `out`
     with np.errstate(invalid="ignore", over="ignore"):  # corrupt scales: reported just below
-        if transpose and kind in quants.BLOCK_BYTES:  # by hand, straight into [in, out]
+        if kind in quants.BLOCK_BYTES:  # by hand, straight into the file's [out, in] rows
             direct = out is not None and out.dtype == np.float32
             values = out if direct else np.empty(want_shape, dtype=np.float32)
-            quants.dequantize_transposed(tensor.data, kind, values)
+            quants.dequantize_into(tensor.data, kind, values.T if transpose else values)
         else:
             values = dequantize(tensor.data, tensor.tensor_type).reshape(stored_shape)  # float32 [out, in]
             if transpose:
@@ -273,8 +275,8 @@ def params_from_tensors(reader, cfg: Config, path) -> dict:
         if name not in where:
             raise ValueError(f"{path}: unexpected tensor {name}: a feature this loader does not implement")
     # Every tensor is dequantized straight into its place in params laid out as
-    # pack_weights leaves them (Q/K/V and gate/up columns of one array per layer, a tied
-    # tok_emb column-major), so the weights are never held twice.
+    # pack_weights leaves them (Q/K/V and gate/up columns of one array per layer, every
+    # product's matrix stored [out, in] as in the file), so the weights are never held twice.
     params = empty_packed_params(cfg)
     jobs = [(by_name[name], _lookup(params, keys)) for name, keys in where.items()]
     # Dequantizing is NumPy work that releases the GIL, so threads use every core.

@@ -12,11 +12,12 @@ integers q:
 The low nibbles of the 16 bytes are the block's values 0..15, the high nibbles 16..31.
 `quantize` makes these bytes from floats with gguf.quants' own float32 arithmetic (so
 the bytes are the same, tests/pretrained/test_quants.py, and a file written from them
-is one llama.cpp reads); `dequantize` reads them back. The loader wants [in, out]:
-`dequantize_transposed` writes the integers transposed (a byte each) and then scales
-in place, which costs less than dequantizing [out, in] and copying the float32
-transpose (2.4x less for SmolLM2's Q4_1 tensors). Every other storage type goes
-through gguf.quants.
+is one llama.cpp reads); `dequantize` reads them back. The loader fills packed params,
+which store every product's matrix [out, in] row-major as the file does
+(params.pack_weights): `dequantize_into` writes the integers into their place (a byte
+each) and then scales in place, so no float32 copy is made and copied again;
+`dequantize_transposed` writes an [in, out] destination the same way. Every other
+storage type goes through gguf.quants.
 
 `fake_quant` is llm-awq's pseudo_quantize_tensor: round to nearest on a grid of 2^bits
 levels per group of `group_size` input rows, computed in float and given back in
@@ -117,25 +118,33 @@ def dequantize(blocks, kind, shape):
     return q.reshape(shape)
 
 
-def dequantize_transposed(data, kind: str, out):
+def dequantize_into(data, kind: str, out):
     """data: the bytes of a [rows, cols] matrix in `kind`, uint8 [rows, cols / 32 * block
-    bytes]; out: float32 [cols, rows], any strides, written in place and returned."""
+    bytes]; out: float32 [rows, cols], any strides (row-major is the fast one), written in
+    place and returned."""
     kind = _block_kind(kind)
     rows = data.shape[0]
     blocks = data.reshape(rows, -1, BLOCK_BYTES[kind])  # [rows, nb, block bytes]
     grid = out.view()
-    grid.shape = (blocks.shape[1], BLOCK, rows)  # [nb, 32, rows]: splitting an axis is a view
+    grid.shape = (rows, blocks.shape[1], BLOCK)  # [rows, nb, 32]: splitting an axis is a view
     if kind == "Q8_0":
-        grid[...] = blocks[..., 2:].view(np.int8).transpose(1, 2, 0)
+        grid[...] = blocks[..., 2:].view(np.int8)
     else:
         nibbles = blocks[..., 4 if kind == "Q4_1" else 2:]  # [rows, nb, 16]
-        grid[:, :16] = (nibbles & 0x0F).transpose(1, 2, 0)
-        grid[:, 16:] = (nibbles >> 4).transpose(1, 2, 0)
+        grid[..., :16] = nibbles & 0x0F
+        grid[..., 16:] = nibbles >> 4
         if kind == "Q4_0":
             grid -= 8
-    grid *= _float16(blocks, 0).T[:, None, :]  # d, per block: [nb, 1, rows]
+    grid *= _float16(blocks, 0)[..., None]  # d, per block: [rows, nb, 1]
     if kind == "Q4_1":
-        grid += _float16(blocks, 2).T[:, None, :]  # m
+        grid += _float16(blocks, 2)[..., None]  # m
+    return out
+
+
+def dequantize_transposed(data, kind: str, out):
+    """dequantize_into for a destination laid out [cols, rows] (the [in, out] layout), any
+    strides: writes out.T and returns out."""
+    dequantize_into(data, kind, out.T)
     return out
 
 
