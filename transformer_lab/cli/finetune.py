@@ -10,7 +10,8 @@ train.py parses and checks the options (resolve_finetune); this file runs them:
    time (after PROBE_STEPS, then again every REPLAN_EVERY steps), and the clock stops
    the run when the time is up whatever the plan said;
 4. save DIR/model.npz (merged weights, config, tokenizer) and, with --lora,
-   DIR/adapter.npz, then score the same sets again and print before beside after.
+   DIR/adapter.npz, then score the same sets again, with the engine running the saved
+   model.npz alone, and print before beside after.
 """
 from __future__ import annotations
 
@@ -41,13 +42,11 @@ def load_init(spec):
     return load_model(None if spec.lower() == SMOLLM2 else spec)
 
 
-def engine_replies(cfg, params, tokenizer):
-    """replies(users, max_new_tokens) -> greedy reply texts, through the serving engine,
-    each user turn in the task's conversation (the default system turn first)."""
-    from ..serve.llm import LLM
+def engine_replies(llm):
+    """replies(users, max_new_tokens) -> greedy reply texts, through the serving engine
+    `llm`, each user turn in the task's conversation (the default system turn first)."""
     from ..serve.sampling_params import SamplingParams
-    llm = LLM.from_params(cfg, params, tokenizer)
-    stops = tuple(sorted(stop_token_ids(tokenizer)))
+    stops = tuple(sorted(stop_token_ids(llm.tokenizer)))
 
     def replies(users, max_new_tokens):
         sampling = SamplingParams(temperature=0.0, max_tokens=max_new_tokens,
@@ -105,7 +104,8 @@ def run_finetune(args, parser) -> int:
         say(f"scoring the base model on {len(heldout)} held-out examples and "
             f"{len(RETENTION)} retention questions ...")
         start = time.perf_counter()
-        before = task.evaluate(engine_replies(cfg, params, tokenizer), heldout)
+        from ..serve.llm import LLM
+        before = task.evaluate(engine_replies(LLM.from_params(cfg, params, tokenizer)), heldout)
         say(f"  {time.perf_counter() - start:.0f} s")
 
     lora = None
@@ -194,8 +194,10 @@ def run_finetune(args, parser) -> int:
 
     after = None
     if heldout:
-        say("scoring the fine-tuned model ...")
-        after = task.evaluate(engine_replies(cfg, merged, tokenizer), heldout)
+        say(f"scoring the fine-tuned model, loaded from {args.out / MODEL_FILE} ...")
+        from ..serve.llm import LLM
+        del merged  # the engine runs the saved file alone, as chat and serve will
+        after = task.evaluate(engine_replies(LLM(str(args.out / MODEL_FILE))), heldout)
         say(f"held-out ({len(heldout)} examples the training never saw), greedy, "
             f"through the engine:")
         width = max(map(len, after["scores"]))
