@@ -165,3 +165,17 @@ def test_float32_stays_float32():
     cache = StreamingCache(cfg, 1, 4, sinks=1)
     logits = stream(init_params(cfg, seed=0), cfg, cache, np.arange(9)[None])
     assert logits.dtype == np.float32 and cache.k[0].dtype == np.float32
+
+
+def test_smollm2_equals_its_kv_cache_until_tokens_leave(smollm2):
+    # The real model's GQA (9 query heads, 3 K/V heads) and RoPE base: a chunk, then one at
+    # a time, give the full cache's logits while nothing has left (float32, batch shapes
+    # differ: not bit for bit).
+    cfg, params, tokenizer = smollm2
+    ids = np.array([tokenizer.encode("Attention sinks keep the first tokens of a text.")[:10]])
+    full = stream(params, cfg, KVCache(cfg, 1, 10), ids, chunk=5)
+    cache = StreamingCache(cfg, 1, 6, sinks=4)
+    streamed = np.concatenate([forward(params, cfg, ids[:, :6], cache=cache),
+                               stream(params, cfg, cache, ids[:, 6:])], axis=1)
+    np.testing.assert_allclose(streamed, full, rtol=1e-3, atol=1e-3)
+    assert cache.lengths.tolist() == [10]
