@@ -9,6 +9,7 @@ from .cache import CacheProtocol, KVCache, MLAKVCache, StreamingCache
 from .training.checkpoint import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .pretrained.gguf import find_model, load_gguf
+from .pretrained.quants import awq_scales, fake_quant, quantize_model
 from .generation import generate, generate_stream, sample_next
 from .model import check_tokens, forward, loss
 from .mla import mla_attention, mla_attention_absorbed, mla_attention_naive
@@ -40,7 +41,7 @@ __all__ = [
     "sinusoidal_pe", "rope_angles", "apply_rope", "cross_entropy",
     "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",
     "apply_rope_backward", "attention_core_backward", "cross_entropy_backward",
-    "load_gguf", "find_model", "BPETokenizer",
+    "load_gguf", "find_model", "BPETokenizer", "quantize_model", "fake_quant", "awq_scales",
     "AdamW", "clip_grad_norm", "cosine_lr", "save_checkpoint", "load_checkpoint",
     "TASKS", "Task", "get_task",
     "round_to", "format_info", "DynamicLossScaler",
