@@ -136,23 +136,26 @@ class PagedKVPool:
         v_scale = (np.abs(v).max(axis=-1) / np.float32(127)).astype(np.float16)  # [N, G]
         self.v_scale[layer].reshape(-1, G)[slots] = v_scale
         self.v[layer].reshape(-1, G, D)[slots] = _codes(v, v_scale[..., None])
-        # Keys: each touched block's per-channel scale grows to cover its new rows.
+        # Keys: each touched block's per-channel scale grows to cover its new rows. A step's
+        # slots run chunk by chunk in position order, so each block's new rows are one run.
         blocks = slots // bs
-        touched, which = np.unique(blocks, return_inverse=True)  # [U], [N]
-        new_max = np.zeros((len(touched), G, D), np.float32)
-        np.maximum.at(new_max, which, np.abs(k))
+        starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])  # [U]
+        touched = blocks[starts]
+        if np.unique(touched).size != touched.size:  # the scheduler gives one chunk a sequence
+            raise RuntimeError("PagedKVPool.store: a block's new rows are not one run of slots")
+        new_max = np.maximum.reduceat(np.abs(k), starts, axis=0)  # [U, G, D]
+        which = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(slots)]))  # [N]
         old = self.k_scale[layer][touched].astype(np.float32)  # [U, G, D]
-        fresh = np.zeros(len(touched), bool)
-        fresh[which[slots % bs == 0]] = True  # a write at slot 0 starts the block afresh
-        old[fresh] = 0
+        old[slots[starts] % bs == 0] = 0  # a run from slot 0 starts the block afresh
         scale = np.maximum(old, (new_max / np.float32(127)).astype(np.float16).astype(np.float32))
-        grew = (scale > old) & (old > 0)  # [U, G, D]: channels whose held rows need new codes
-        redo = grew.any(axis=(1, 2))
+        # Channels whose scale grew re-quantize the rows the block held: only blocks whose
+        # run starts past slot 0 hold any, and a decode's block rarely grows.
+        redo = ((scale > old) & (old > 0)).any(axis=(1, 2))  # [U]
         if redo.any():
             ids = touched[redo]
-            held = self.k[layer][ids].astype(np.float32)  # [R, bs, G, D]
             ratio = old[redo] / scale[redo]  # 1 where a channel did not grow: codes unchanged
-            self.k[layer][ids] = np.rint(held * ratio[:, None]).astype(np.int8)
+            held = self.k[layer][ids].astype(np.float32) * ratio[:, None]  # [R, bs, G, D]
+            self.k[layer][ids] = np.rint(held, out=held).astype(np.int8)
         scale16 = scale.astype(np.float16)
         self.k_scale[layer][touched] = scale16
         self.k[layer].reshape(-1, G, D)[slots] = _codes(k, scale16[which])
@@ -172,11 +175,12 @@ class PagedKVPool:
 
 
 def _codes(x, scale):
-    """round(x / scale) as int8 in -127..127 (0 where the scale is 0)."""
+    """round(x / scale) as int8 in -127..127; a scale of 0 covers only zeros, which stay 0."""
     s = scale.astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(s > 0, np.rint(x / s), 0)
-    return np.clip(q, -127, 127).astype(np.int8)
+    q = x / np.where(s > 0, s, np.float32(1))
+    np.rint(q, out=q)
+    np.clip(q, -127, 127, out=q)
+    return q.astype(np.int8)
 
 
 class StepCache(CacheProtocol):
