@@ -27,8 +27,8 @@ from ..pretrained.chat_template import stop_token_ids
 from ..training.chat_tasks import RETENTION, conversation, encode_example, get_chat_task
 from ..training.checkpoint import config_to_dict, load_model, save_adapters, save_model
 from ..training.optim import AdamW, cosine_lr
-from .train import (ADAPTER_FILE, HISTORY, MODEL_FILE, Interrupted, Progress, train_step,
-                    write_json_atomic)
+from .train_loop import (ADAPTER_FILE, HISTORY, MODEL_FILE, Interrupted, Progress, train_step,
+                         write_json_atomic)
 
 SMOLLM2 = "smollm2"  # --init's name for the installed default model
 PROBE_STEPS = 3  # steps timed before the first plan (the first one is slower: caches, pages)

@@ -36,11 +36,7 @@ became non-finite, 2 bad command-line options (or an --init that is not a model)
 """
 from __future__ import annotations
 
-import collections
-import json
 import math
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -48,23 +44,22 @@ from pathlib import Path
 import numpy as np
 
 from . import OneLineParser, int_at_least, non_empty_path, non_negative_int, number_at_least
-from ..training.backward import accumulate_grads
-from ..training.checkpoint import atomic_write, config_to_dict, load_checkpoint, save_checkpoint
+from ..training.checkpoint import config_to_dict, load_checkpoint, save_checkpoint
 from ..config import Config, gpt2_config, llama_config
 from ..measure import set_blas_threads
 from ..generation import sample_next
 from ..model import forward
 from ..params import init_params, named_params
 from ..training.mixed import PRECISIONS, make_precision
-from ..training.optim import AdamW, clip_grad_norm, cosine_lr
+from ..training.optim import AdamW, cosine_lr
 from ..training.tasks import TASKS, get_task
-from ..validate import check_int
 from ..training.chat_tasks import CHAT_TASKS
+from .finetune import run_finetune
+from .train_loop import HISTORY, Interrupted, Progress, train_step, write_json_atomic
 
 PROG = "python -m transformer_lab.train"
 ARCHS = ("llama", "gpt2")
 CHECKPOINT = "checkpoint.npz"
-HISTORY = "history.json"
 
 # Defaults, and the smaller ones --quick uses; an option given explicitly always wins.
 DEFAULTS = dict(steps=None, batch=32, d_model=64, layers=2, heads=4, lr=3e-3, seq=None)
@@ -82,52 +77,9 @@ FINETUNE = dict(steps=100, batch=8, lr_lora=1e-3, lr_full=3e-5, weight_decay=0.0
 SCRATCH_ONLY = ("data", "digits", "seq", "arch", "d_model", "layers", "heads", "resume",
                 "quick", "samples", "save_every", "precision")
 FINETUNE_ONLY = ("lora", "lora_alpha", "checkpoint", "minutes", "micro_batches", "eval")
-MODEL_FILE = "model.npz"
-ADAPTER_FILE = "adapter.npz"
 # On --resume the model and its data are the checkpoint's; the training options may change.
 FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed", "precision")
 CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
-
-
-# ---------------------------------------------------------------- one step
-
-def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0, precision=None,
-               lora=None, checkpoint=False, micro_batches=1):
-    """One optimisation step in place: (loss, gradient norm before clipping).
-
-    clip=None skips clipping (the norm is still measured and returned). precision: a
-    training.mixed.Precision (None: float32); a step its loss scaler skips returns
-    (loss, inf) with precision.skipped_last set. lora: a training.LoRA whose adapters
-    opt updates (the model's weights stay frozen); checkpoint: recompute each block in
-    the backward. micro_batches: split the batch's rows into this many micro-batches and
-    accumulate their grads (accumulate_grads, divided by the whole batch's supervised
-    count), so only one micro-batch's activations are held at a time.
-    """
-    micro_batches = check_int(micro_batches, "train_step: micro_batches", low=1)
-    tokens, targets = np.asarray(tokens), np.asarray(targets)
-    if micro_batches > tokens.shape[0]:
-        raise ValueError(f"train_step: micro_batches={micro_batches} is more than the batch's "
-                         f"{tokens.shape[0]} rows")
-    low = precision is not None and precision.format is not None  # fp32 is the plain path
-    if low and (lora is not None or checkpoint or micro_batches > 1):
-        raise ValueError("train_step: precision= runs whole float32-mastered batches; it does "
-                         "not combine with lora, checkpoint or micro_batches")
-    if not low:
-        parts = zip(np.array_split(tokens, micro_batches), np.array_split(targets, micro_batches))
-        loss, grads = accumulate_grads(params, cfg, parts, lora=lora, checkpoint=checkpoint)
-    else:
-        loss, grads = precision.loss_and_grads(params, cfg, tokens, targets)
-        if grads is None:  # the scaled grads overflowed: no update, the scale backed off
-            return loss, math.inf
-    if clip is None:
-        norm = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for _, g in named_params(grads)))
-    else:
-        norm = clip_grad_norm(grads, clip)
-    if math.isfinite(loss) and math.isfinite(norm):
-        opt.step(grads)
-        if low:
-            precision.after_step(params)
-    return loss, norm
 
 
 def make_config(task, arch, d_model, layers, heads) -> Config:
@@ -315,71 +267,7 @@ def build_task(opts):
 
 # ---------------------------------------------------------------- progress display
 
-class Progress:
-    """A rich progress bar on a terminal; plain lines, about ten per run, otherwise."""
-
-    def __init__(self, first, total):
-        from rich.console import Console
-        options = {"highlight": False}
-        if os.environ.get("NO_COLOR"):
-            options["color_system"] = None  # no escape codes for colour or style at all
-        self.console = Console(**options)
-        self.first, self.total = first, total
-        self.recent = collections.deque(maxlen=10)  # (tokens, seconds) of the last steps
-        self.every = max(1, (total - first) // 10)
-        self.bar = None
-        if self.console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-            from rich.progress import Progress as RichProgress
-            # Fits 80 columns up to 99,999 steps: step n/N, a short bar, the figures, time left.
-            self.bar = RichProgress(
-                TextColumn("step"), MofNCompleteColumn(), BarColumn(bar_width=10),
-                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
-                console=self.console, transient=False)
-            self.task = self.bar.add_task("train", total=total, completed=first, stats="")
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-
-    def print(self, text):
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-    def set_total(self, total):
-        """A new planned total (a --minutes run re-plans as it measures its steps)."""
-        self.total = total
-        self.every = max(1, (total - self.first) // 10)
-        if self.bar is not None:
-            self.bar.update(self.task, total=total)
-
-    def update(self, row):
-        self.recent.append((row["tokens_per_s"] * row["seconds"], row["seconds"]))
-        rate = sum(t for t, _ in self.recent) / sum(s for _, s in self.recent)  # last 10 steps
-        norm = "skip" if row["grad_norm"] is None else f"{row['grad_norm']:.2f}"  # loss scaler
-        stats = (f"loss {row['loss']:.3f} |g| {norm} lr {row['lr']:.1e} "
-                 f"{rate / 1000:.1f}k tok/s")
-        if "left_s" in row and self.bar is None:  # the bar shows its own time left
-            stats += f" {row['left_s'] / 60:.1f} min left"
-        if self.bar is not None:
-            self.bar.update(self.task, completed=row["step"], stats=stats)
-        elif row["step"] == self.first + 1 or row["step"] % self.every == 0 \
-                or row["step"] == self.total:
-            width = len(str(self.total))
-            self.print(f"step {row['step']:>{width}}/{self.total}  {stats}")
-
-
 # ---------------------------------------------------------------- files
-
-def write_json_atomic(path: Path, obj):
-    with atomic_write(path) as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-
 
 def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts, scaler=None):
     extra = {} if scaler is None else {"loss_scaler": scaler.state_dict()}
@@ -440,24 +328,6 @@ def show_samples(task, params, cfg, n, seed, printer):
 
 
 # ---------------------------------------------------------------- the run
-
-class Interrupted:
-    """The first Ctrl-C asks the loop to stop after the current step; a second one stops at once."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __enter__(self):
-        self.previous = signal.signal(signal.SIGINT, self.handle)
-        return self
-
-    def handle(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self.previous)
-
 
 def run(args, parser, given=frozenset()) -> int:
     """The training run for resolved args; `given` holds the dests of the options that were
@@ -594,7 +464,6 @@ def main(argv=None) -> int:
     args = resolve(args, parser, given)
     try:
         if args.init is not None:
-            from .finetune import run_finetune
             return run_finetune(args, parser)
         return run(args, parser, given)
     except KeyboardInterrupt:
