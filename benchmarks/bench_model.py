@@ -1,9 +1,12 @@
 """Model-level benchmarks: forward tokens/s (and PyTorch eager beside it), KV-cache decode, memory."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
-from transformer_lab import KVCache, forward, init_params, llama_config, named_params, param_shapes
+from transformer_lab import (KVCache, forward, init_params, llama_config, map_params, named_params,
+                             pack_weights, param_shapes)
 
 from transformer_lab.measure import peak_rss_bytes
 from transformer_lab.measure import time_call as measure
@@ -54,7 +57,11 @@ def run_forward(cfg, params, *, B=4, T=512, repeats=5, use_torch=True):
     result = {"config": describe_config(cfg), "B": B, "T": T, "blas_threads": threads,
               "timing": f"best of {repeats} after a warm-up"}
     torch_ref = _load_torch() if use_torch else None
-    fns = {"numpy": lambda: forward(params, cfg, tokens)}
+    # The same weights packed as load_gguf packs a model (params.pack_weights: packed Q/K/V
+    # and gate/up, every product's matrix stored [out, in]), the form inference runs.
+    packed = pack_weights(map_params(np.copy, params), cfg)
+    fns = {"numpy": lambda: forward(params, cfg, tokens),
+           "numpy_packed": lambda: forward(packed, cfg, tokens)}
     if torch_ref is None:
         result["torch"] = None
         result["torch_skipped"] = ("PyTorch is not installed" if use_torch
@@ -76,10 +83,13 @@ def run_forward(cfg, params, *, B=4, T=512, repeats=5, use_torch=True):
         fns["torch"] = lambda: model.forward(tokens)
         result["timing"] += "; numpy and torch measured round-robin"
     timed = measure_side_by_side(fns, repeats=repeats, warmup=1)
-    result["numpy"] = {**timed["numpy"], "tokens_per_s": B * T / timed["numpy"]["best_s"]}
+    for name in ("numpy", "numpy_packed"):
+        result[name] = {**timed[name], "tokens_per_s": B * T / timed[name]["best_s"]}
     if "torch" in timed:
         result["torch"].update(timed["torch"], tokens_per_s=B * T / timed["torch"]["best_s"])
         result["numpy_over_torch_time"] = timed["numpy"]["best_s"] / timed["torch"]["best_s"]
+        result["packed_over_torch_time"] = (timed["numpy_packed"]["best_s"]
+                                            / timed["torch"]["best_s"])
     return result
 
 
@@ -164,3 +174,95 @@ def memory_report(cfg, decode=None):
 
 def make_params(cfg, seed=0):
     return init_params(cfg, seed=seed)
+
+
+# ---------------------------------------------------------------- SmolLM2 at batch 1
+
+DECODE_QUESTION = "Explain in three sentences why the sky is blue."
+
+
+def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None):
+    """SmolLM2-135M greedy decode at batch 1: tokens/s of the decode steps (the prefill
+    left out) for the packed params load_gguf gives ([out, in] storage), the same weights
+    as plain row-major [in, out] arrays, and HF transformers on the same GGUF (where torch
+    and transformers are installed), one round of each in turn; and the read bound: the
+    params' bytes per token at the read bandwidth measured in the same run. None without
+    the model."""
+    from transformer_lab import generate_stream
+    from transformer_lab.measure import param_bytes, read_bandwidth
+    from transformer_lab.pretrained.chat_template import apply_chat_template
+    from transformer_lab.pretrained.gguf import find_model, load_gguf
+    try:
+        path = find_model()
+        cfg, packed, tokenizer = load_gguf(path)
+    except (FileNotFoundError, ImportError, ValueError) as exc:
+        return {"skipped": str(exc).splitlines()[0]}
+    threads = threads or blas_threads()[0]
+    prompt = tokenizer.encode(apply_chat_template([{"role": "user", "content": DECODE_QUESTION}]))
+    variants = {"packed": packed, "plain": map_params(np.ascontiguousarray, packed)}
+
+    def ours(params):
+        def run():
+            stamps = []
+            for token in generate_stream(params, cfg, np.array([prompt]), new_tokens, greedy=True):
+                stamps.append((time.perf_counter(), int(token[0])))
+            return stamps
+        return run
+    runs = {name: ours(p) for name, p in variants.items()}
+    hf = _hf_decoder(path, prompt, new_tokens, threads) if use_hf else None
+    if hf is not None:
+        runs["hf"] = hf
+    per_token = {name: [] for name in runs}
+    tokens = {}
+    for _ in range(rounds + 1):  # the first round warms up
+        for name, run in runs.items():
+            stamps = run()
+            per_token[name].append((stamps[-1][0] - stamps[0][0]) / (len(stamps) - 1))
+            tokens[name] = [t for _, t in stamps]
+    bandwidth = read_bandwidth()
+    nbytes = param_bytes(packed)
+    tps = {name: 1.0 / float(np.median(v[1:])) for name, v in per_token.items()}
+    bound = bandwidth["bytes_per_s"] / nbytes
+    result = {"new_tokens": new_tokens, "rounds": rounds, "threads": threads,
+              "prompt_tokens": len(prompt), "tokens_per_s": tps,
+              "step_ms_rounds": {k: [s * 1e3 for s in v[1:]] for k, v in per_token.items()},
+              "param_bytes": nbytes, "read_bytes_per_s": bandwidth["bytes_per_s"],
+              "read_bound_tokens_per_s": bound,
+              "of_read_bound": tps["packed"] / bound,
+              "same_tokens": {k: tokens[k] == tokens["packed"] for k in tokens}}
+    if "hf" in tps:
+        result["vs_hf"] = tps["packed"] / tps["hf"]
+    return result
+
+
+def _hf_decoder(path, prompt, new_tokens, threads):
+    """A function running HF transformers' greedy generate on the GGUF, returning
+    (time, token) after each new token; None without torch and transformers."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+    except ImportError:
+        return None
+    torch.set_num_threads(int(threads))
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor([prompt])
+
+    class Stamp(StoppingCriteria):
+        def __init__(self):
+            self.stamps = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.stamps.append((time.perf_counter(), int(input_ids[0, -1])))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    def run():
+        stamp = Stamp()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           stopping_criteria=StoppingCriteriaList([stamp]),
+                           pad_token_id=model.config.eos_token_id)
+        return stamp.stamps
+    return run

@@ -209,39 +209,35 @@ def speculation_rows(LLM, SamplingParams, cfg, params, prompts, outs):
 SMALL_M = (1, 2, 3, 4, 6, 8, 12, 16, 32)
 
 
+SMALL_M_FORMS = ("gemm", "gemv_rows", "pad8")
+
+
 def small_m_table(params, repeats=5):
     """ms for SmolLM2's 30 layers' four products (packed QKV, wo, packed gate/up, down) at
-    M rows, each form side by side: stacked GEMM, one GEMV per row, the transposed
-    product (W^T x^T)^T on a view, padded to 8 and 16 rows, and what matmul_rows picks."""
-    weights = layer_products(params)
+    M rows, each form of products.product_form side by side on both storages: the packed
+    params' [out, in] ("out_in") and the same weights as row-major [in, out] arrays
+    ("in_out"), and what matmul_rows picks for each."""
+    out_in = layer_products(params)
+    stored = {"out_in": out_in, "in_out": [np.ascontiguousarray(w) for w in out_in]}
     rng = np.random.default_rng(0)
     xs = {w.shape[0]: rng.standard_normal((max(SMALL_M), w.shape[0])).astype(np.float32)
-          for w in weights}
+          for w in out_in}
 
-    def form(kind, m):
+    def form(weights, kind, m):
         def run():
             for w in weights:
                 x = xs[w.shape[0]][:m]
-                if kind == "stacked":
-                    x @ w
-                elif kind == "gemv_rows":
-                    for i in range(m):
-                        x[i] @ w
-                elif kind == "transposed":
-                    (w.T @ x.T).T
-                elif kind.startswith("pad"):
-                    rows = int(kind[3:])
-                    padded = np.zeros((-(-m // rows) * rows, x.shape[1]), np.float32)
-                    padded[:m] = x
-                    padded @ w
-                else:
+                if kind == "chosen":
                     products.matmul_rows(x, w)
+                else:
+                    products.product_form(kind, x, w)
         return run
-    kinds = ("stacked", "gemv_rows", "transposed", "pad8", "pad16", "matmul_rows")
     table = {}
     for m in SMALL_M:
-        timed = time_side_by_side({k: form(k, m) for k in kinds}, repeats=repeats)
-        table[m] = {k: timed[k]["median_s"] * 1e3 for k in kinds}
+        fns = {f"{name} {kind}": form(weights, kind, m) for name, weights in stored.items()
+               for kind in SMALL_M_FORMS + ("chosen",)}
+        timed = time_side_by_side(fns, repeats=repeats)
+        table[m] = {k: timed[k]["median_s"] * 1e3 for k in fns}
     return table
 
 
@@ -382,7 +378,9 @@ def print_serving(out, r):
         kinds = list(next(iter(r["small_m_ms"].values())))
         out.table(["M"] + kinds, [[str(m)] + [f"{v[k]:.1f}" for k in kinds]
                                   for m, v in r["small_m_ms"].items()],
-                  caption="ms for the 30 layers' four products (median, side by side)")
+                  caption="ms for the 30 layers' four products (median, side by side): "
+                          "out_in is the packed params' [out, in] storage, in_out the same "
+                          "weights row-major [in, out]; chosen is what matmul_rows picks")
 
 
 ENGINE_VS_ONE_BY_ONE_MIN, ENGINE_VS_STATIC_MIN, ENGINE_VS_HF_MIN = 5.0, 1.3, 2.0

@@ -12,7 +12,8 @@ from console import to_jsonable
 from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
 
 from .bench_attention import run_attention
-from .bench_model import make_params, memory_report, mid_config, run_decode, run_forward
+from .bench_model import (make_params, memory_report, mid_config, run_decode, run_forward,
+                          run_smollm2_decode)
 from .bench_online import print_online, run_online
 from .bench_serving import print_serving, run_serving, serving_targets
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
@@ -54,6 +55,7 @@ class Profile:
     train_model: dict = field(default_factory=dict)  # overrides fields of the training config
     spec_new_tokens: int = 64  # speculative: new tokens per greedy run
     spec_prompts_per_kind: int = 2
+    smollm2_rounds: int = 5  # forward: SmolLM2's batch-1 decode, rounds of each (0: not run)
 
 
 FULL = Profile("full")
@@ -61,7 +63,7 @@ QUICK = Profile("quick", attn_sizes=(128, 512), attn_repeats=5, einsum_max_T=128
                 peak_repeats=5, forward_B=1, forward_T=256, forward_repeats=3,
                 decode_contexts=(128, 256, 512), decode_repeats_cached=10,
                 decode_repeats_recompute=2, train_repeats=2, spec_new_tokens=24,
-                spec_prompts_per_kind=1)
+                spec_prompts_per_kind=1, smollm2_rounds=2)
 
 # Targets: attention_core >= 0.8x the batched-matmul formulation at every size and >= 30 %
 # of the matmul peak at T = 2048; forward within 1.3x of PyTorch; cached decode at most
@@ -70,6 +72,10 @@ CORE_VS_BMM_MIN = 0.8
 PEAK_FRACTION_MIN = 0.30
 PEAK_AT_T = 2048
 TORCH_RATIO_MAX = 1.3
+PACKED_TORCH_RATIO_MAX = 1.0  # the packed params' forward (prefill) vs PyTorch eager
+# SmolLM2's greedy decode at batch 1: against HF transformers, and of the read bound.
+SMOLLM2_VS_HF_MIN = 2.0
+SMOLLM2_OF_BOUND_MIN = 0.65
 TRAIN_TORCH_RATIO_MAX = 2.0
 DECODE_SPEEDUP_MIN = 10.0
 DECODE_SPEEDUP_AT = 2048
@@ -109,6 +115,26 @@ def evaluate_targets(results):
              TRAIN_TORCH_RATIO_MAX)):
         if results.get(section):
             targets.append(_vs_torch_target(name, results[section], limit))
+    fwd = results.get("forward")
+    if fwd and fwd.get("packed_over_torch_time") is not None:
+        ratio = fwd["packed_over_torch_time"]
+        targets.append({"name": "forward time, packed params, vs PyTorch eager",
+                        "target": f"<= {PACKED_TORCH_RATIO_MAX}x", "measured": ratio,
+                        "measured_text": f"{ratio:.2f}x", "met": ratio <= PACKED_TORCH_RATIO_MAX,
+                        "steady": _steady_figures(fwd["numpy_packed"], fwd["torch"])})
+    dec1 = results.get("smollm2_decode")
+    if dec1 and "tokens_per_s" in dec1:
+        if "vs_hf" in dec1:
+            targets.append({"name": "SmolLM2 decode at batch 1 vs HF transformers",
+                            "target": f">= {SMOLLM2_VS_HF_MIN}x", "measured": dec1["vs_hf"],
+                            "measured_text": f"{dec1['vs_hf']:.2f}x",
+                            "met": dec1["vs_hf"] >= SMOLLM2_VS_HF_MIN})
+        targets.append({"name": "SmolLM2 decode at batch 1 of the read bound",
+                        "target": f">= {SMOLLM2_OF_BOUND_MIN:.0%}",
+                        "measured": dec1["of_read_bound"],
+                        "measured_text": f"{dec1['of_read_bound']:.0%} of "
+                                         f"{dec1['read_bound_tokens_per_s']:.1f} tokens/s",
+                        "met": dec1["of_read_bound"] >= SMOLLM2_OF_BOUND_MIN})
     if results.get("speculative"):
         targets += speculative_targets(results["speculative"])
     if results.get("serving"):
@@ -199,6 +225,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
                                          repeats=profile.forward_repeats, use_torch=use_torch)
         results["load"]["after_forward"] = load_average()
         print_forward(out, results["forward"])
+        if profile.smollm2_rounds:
+            results["smollm2_decode"] = run_smollm2_decode(rounds=profile.smollm2_rounds,
+                                                           use_hf=use_torch)
+            results["load"]["after_smollm2_decode"] = load_average()
+            print_smollm2_decode(out, results["smollm2_decode"])
 
     if "train" in sections:
         tcfg = train_config(**profile.train_model)
@@ -334,6 +365,11 @@ def print_forward(out, f):
     out.header(f"Forward throughput (B={f['B']}, T={f['T']}, float32)")
     rows = [["transformer_lab (NumPy)", _mark(out.time(f["numpy"]["best_s"]), f["numpy"]),
              _mark(out.num(f["numpy"]["tokens_per_s"]), f["numpy"]), "1.00x"]]
+    if f.get("numpy_packed"):
+        p = f["numpy_packed"]
+        rows.append(["the same, packed ([out, in] storage)", _mark(out.time(p["best_s"]), p),
+                     _mark(out.num(p["tokens_per_s"]), p),
+                     _mark(f"{f['numpy']['best_s'] / p['best_s']:.2f}x", p, f["numpy"])])
     if f.get("torch"):
         t = f["torch"]
         rows.append([f"PyTorch {t['version']} eager, {t['threads']} threads",
@@ -348,6 +384,28 @@ def print_forward(out, f):
                           f"{t['logits_max_abs_diff']:.2e}, max |logit| {t['logits_max_abs']:.2e})"])
     else:
         out.observations([f"PyTorch row skipped: {f['torch_skipped']}."])
+
+
+def print_smollm2_decode(out, r):
+    out.header("SmolLM2-135M greedy decode at batch 1 (float32)")
+    if "skipped" in r:
+        out.observations([f"Skipped: {r['skipped']}"])
+        return
+    names = {"packed": "transformer_lab, packed (load_gguf's)",
+             "plain": "transformer_lab, plain [in, out] arrays", "hf": "HF transformers (torch)"}
+    tps = r["tokens_per_s"]
+    rows = [[names[k], f"{v:.1f}", f"{1e3 / v:.1f}", f"{tps['packed'] / v:.2f}x",
+             f"{v / r['read_bound_tokens_per_s']:.0%}"] for k, v in tps.items()]
+    out.table(["implementation", "tokens/s", "ms / token", "packed / this", "of read bound"],
+              rows, caption=f"{r['new_tokens']} new tokens after a {r['prompt_tokens']}-token "
+                            f"prompt; median of {r['rounds']} rounds, one of each in turn; "
+                            f"{r['threads']} threads each. Read bound: "
+                            f"{r['param_bytes'] / 2**20:.0f} MiB of params per token at "
+                            f"{r['read_bytes_per_s'] / 1e9:.1f} GB/s (this run) = "
+                            f"{r['read_bound_tokens_per_s']:.1f} tokens/s.")
+    out.observations([f"Same greedy tokens as the packed run: "
+                      + ", ".join(f"{names[k]} {'yes' if v else 'no'}"
+                                  for k, v in r["same_tokens"].items() if k != "packed")])
 
 
 def print_train(out, r):

@@ -37,10 +37,15 @@ _invariant_rows = contextvars.ContextVar("invariant_rows", default=0)
 # what x @ W reads plainly), or row-major [out, in] seen through its transpose (packed
 # params: params.pack_weights, load_gguf), which a GEMM reads as W^T x^T.
 IN_OUT, OUT_IN = "in_out", "out_in"
-# M -> form, for each storage; M not listed takes one GEMM.
+# M -> form, for each storage; M not listed takes one GEMM. For OUT_IN, measured on
+# SmolLM2's 30 layers' four products (the machine shared, load average 20, 1 BLAS thread,
+# median of 3, ms; docs/performance.md): M=1 GEMM (a GEMV) 532; M=2 GEMM 983, GEMV per
+# row 810; M=4 GEMM 1101, per row 1562, pad8 1501; M=8 GEMM 1156, pad8 1139; M=16 GEMM
+# 1776; M=32 GEMM 790 (the load drifted during the run). So M=2 takes a GEMV per row
+# (its rows keep the M=1 bits, as for IN_OUT) and the rest one GEMM.
 FORMS = {
     IN_OUT: {**{m: "gemv_rows" for m in range(2, 5)}, **{m: "pad8" for m in range(5, 8)}},
-    OUT_IN: {},
+    OUT_IN: {2: "gemv_rows"},
 }
 _PAD_TO = 8
 

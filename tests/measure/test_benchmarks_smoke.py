@@ -33,7 +33,8 @@ TINY = replace(QUICK, name="tiny", attn_sizes=(16, 40), attn_groups=(4, 1), attn
                           max_seq=64),
                train_B=2, train_T=8, train_repeats=1,
                train_model=dict(vocab=64, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1,
-                                d_ff=64, max_seq=8))
+                                d_ff=64, max_seq=8),
+               smollm2_rounds=0)
 
 
 @pytest.mark.parametrize("T,S,H,G,offset", [(1, 1, 2, 1, 0), (9, 9, 4, 2, 0), (5, 12, 4, 4, 7),
