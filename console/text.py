@@ -89,6 +89,13 @@ def fmt_float(x, digits=4) -> str:
     return f"{x:.{digits}f}"
 
 
+def fmt_ratio(x) -> str:
+    """A ratio, a rate or a spread as the demos' tables give it: one decimal below 100,
+    whole from there ('3.2', '57.0', '250')."""
+    x = float(x)
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+
 # ---------------------------------------------------------------- values for machines
 
 def to_jsonable(obj):

@@ -16,7 +16,7 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from rich.cells import cell_len
 
-from console import fmt_num, fmt_time, print_observations, print_section, print_table, print_text
+from console import fmt_num, fmt_ratio, fmt_time, print_observations, print_section, print_table, print_text
 from transformer_lab import attention_core
 from transformer_lab.measure import UNSTEADY, WAIT_LIMIT, matmul_peak, speed_check, time_rows
 
@@ -325,7 +325,7 @@ def busy_sentence(result, lang):
         waits = [m["waited"] for m in unsteady if m["waited"] is not None]
         wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
                 if waits and max(waits) > WAIT_LIMIT else "")
-        sentences.append(t["busy"].format(x=_spread(max(m["spread"] for m in unsteady)),
+        sentences.append(t["busy"].format(x=fmt_ratio(max(m["spread"] for m in unsteady)),
                                           wait=wait))
     speed = result["speed_check"]
     if speed["changed"]:
@@ -385,10 +385,6 @@ def observations(result, lang):
     return items
 
 
-def _spread(x):
-    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
-
-
 def _marked(m):
     """The row's n, marked ~ when its repeats stayed unsteady."""
     return f"{m['n']} ~" if not m["steady"] else str(m["n"])
@@ -419,7 +415,7 @@ def render(result, lang="zh"):
             for key, h in zip(("loop_s", "matmul_s", "attention_s"), heads[1:4])]
     cols += [_right([_ratio(m["loop_s"] / m["matmul_s"]) for m in tm], heads[4]),
              _right([_ratio(m["attention_s"] / m["loop_s"]) for m in tm], heads[5]),
-             _right([_spread(m["spread"]) + "×" for m in tm], heads[6])]
+             _right([fmt_ratio(m["spread"]) + "×" for m in tm], heads[6])]
     print_table(heads, [[ns[i]] + [c[i] for c in cols] for i in range(len(tm))])
     unsteady = [m for m in tm if not m["steady"]]
     if unsteady:

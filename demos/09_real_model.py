@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import (fmt_num, fmt_time, heatmap, print_observations, print_section, print_table,
+from console import (fmt_num, fmt_ratio, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
 from transformer_lab import ActivationRecord, KVCache, find_model, forward, generate, load_gguf
 from transformer_lab.pretrained.chat_template import apply_chat_template
@@ -616,20 +616,8 @@ def _bytes(n):
     return fmt_num(n)  # '538 M' + 'B'
 
 
-def _x(ratio):
-    return f"{ratio:.1f}" if ratio < 100 else f"{ratio:.0f}"
-
-
-def _rate(r):
-    return f"{r:.1f}" if r < 100 else f"{r:.0f}"
-
-
 def _diff(x):
     return "0" if x == 0 else f"{x:.1e}"
-
-
-def _spread(x):
-    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
 def _mark(text, steady):
@@ -653,7 +641,7 @@ def busy_sentence(result, lang):
         wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
                 if waits and max(waits) > WAIT_LIMIT else "")
         spread = max([x for x, _ in rows], default=1.0)
-        sentences.append(t["busy"].format(x=_spread(spread), wait=wait))
+        sentences.append(t["busy"].format(x=fmt_ratio(spread), wait=wait))
     for check in dec["speed_checks"]:
         if check["changed"]:
             unit = "B/s" if check["what"] == "bandwidth" else "FLOP/s"
@@ -690,12 +678,12 @@ def observations(result, lang):
 
     one = _by_batch(dec, 1)
     measured = one["median_s"]
-    bound = dict(t=fmt_time(measured), r=_rate(one["tokens_per_s"]),
+    bound = dict(t=fmt_time(measured), r=fmt_ratio(one["tokens_per_s"]),
                  b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
                  tm=fmt_time(dec["memory_bound_s"]), f=fmt_num(dec["flops_per_token"]),
                  pk=fmt_num(dec["peak_flops"]), tc=fmt_time(dec["compute_bound_s"]),
-                 mr=_x(measured / dec["memory_bound_s"]),
-                 cr=_x(measured / dec["compute_bound_s"]),
+                 mr=fmt_ratio(measured / dec["memory_bound_s"]),
+                 cr=fmt_ratio(measured / dec["compute_bound_s"]),
                  i=f"{dec['flops_per_token'] / dec['weight_bytes']:.2f}",
                  bal=f"{dec['peak_flops'] / dec['bandwidth']:.0f}", isz=m["itemsize"])
     if verdict["bound"] is None:
@@ -714,7 +702,7 @@ def observations(result, lang):
 
     big = _by_batch(dec, BATCHES[-1])
     gain = big["tokens_per_s"] / one["tokens_per_s"]
-    rates = dict(x=f"{gain:.1f}", rB=_rate(big["tokens_per_s"]), r1=_rate(one["tokens_per_s"]),
+    rates = dict(x=f"{gain:.1f}", rB=fmt_ratio(big["tokens_per_s"]), r1=fmt_ratio(one["tokens_per_s"]),
                  B=big["batch"])
     if verdict["batch_gain"] is None:
         items.append(t["obs_batch_unknown"].format(**rates))
@@ -728,8 +716,8 @@ def observations(result, lang):
         items.append(sentence)
 
     pre = dec["prefill"]
-    prefill = dict(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=_rate(one["tokens_per_s"]),
-                   x=_x(pre["tokens_per_s"] / one["tokens_per_s"]))
+    prefill = dict(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=fmt_ratio(one["tokens_per_s"]),
+                   x=fmt_ratio(pre["tokens_per_s"] / one["tokens_per_s"]))
     items.append(t["obs_prefill_" + (verdict["prefill"] or "unknown")].format(**prefill))
     return items
 
@@ -799,13 +787,13 @@ def render(result, lang="zh"):
     bw_ok = dec["bandwidth_steady"] and "bandwidth" not in changed
     pk_ok = dec["peak_steady"] and "matmul peak" not in changed
     rows = [
-        [_mark(t["measured"], timed_ok), fmt_time(one["median_s"]), _rate(one["tokens_per_s"]),
+        [_mark(t["measured"], timed_ok), fmt_time(one["median_s"]), fmt_ratio(one["tokens_per_s"]),
          t["measured_basis"].format(s=dec["steps"])],
         [_mark(t["mem_bound"], bw_ok), fmt_time(dec["memory_bound_s"]),
-         _rate(1 / dec["memory_bound_s"]),
+         fmt_ratio(1 / dec["memory_bound_s"]),
          t["mem_basis"].format(b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]))],
         [_mark(t["comp_bound"], pk_ok), fmt_time(dec["compute_bound_s"]),
-         _rate(1 / dec["compute_bound_s"]),
+         fmt_ratio(1 / dec["compute_bound_s"]),
          t["comp_basis"].format(f=fmt_num(dec["flops_per_token"]), pk=fmt_num(dec["peak_flops"]))],
     ]
     print_table([t["what"], t["per_token"], t["tok_s"], t["basis"]], rows)
@@ -814,12 +802,12 @@ def render(result, lang="zh"):
                                      a=fmt_num(dec["attention_flops"]).strip()), style="dim")
 
     pre = dec["prefill"]
-    rows = [[_mark(str(b["batch"]), timed_ok), fmt_time(b["median_s"]), _rate(b["tokens_per_s"]),
-             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×", _spread(b["spread"]) + "×"]
+    rows = [[_mark(str(b["batch"]), timed_ok), fmt_time(b["median_s"]), fmt_ratio(b["tokens_per_s"]),
+             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×", fmt_ratio(b["spread"]) + "×"]
             for b in dec["batches"]]
     rows.append([_mark(t["prefill_row"].format(T=pre["tokens"]), pre["steady"]),
-                 fmt_time(pre["seconds"]), _rate(pre["tokens_per_s"]),
-                 f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×", _spread(pre["spread"]) + "×"])
+                 fmt_time(pre["seconds"]), fmt_ratio(pre["tokens_per_s"]),
+                 f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×", fmt_ratio(pre["spread"]) + "×"])
     print_text(t["batch_title"])
     print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"], t["spread"]], rows)
     if not (timed_ok and pre["steady"] and bw_ok and pk_ok):

@@ -18,7 +18,7 @@ from .params import check_params
 from .validate import check_int
 
 
-def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
+def _check_sampling(greedy, temperature, top_k, vocab, seed=None, top_p=1.0, min_p=0.0):
     """The sampling arguments, each checked by name: bad ones are a ValueError, not a
     NumPy error (or worse, taken silently: top_k=True is not 1)."""
     boolean = (bool, np.bool_)
@@ -30,24 +30,60 @@ def _check_sampling(greedy, temperature, top_k, vocab, seed=None):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if top_k is not None:
         check_int(top_k, "top_k", low=1, high=vocab, what=f"None or an int in [1, {vocab}]")
+    if isinstance(top_p, boolean) or not isinstance(top_p, number) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+    if isinstance(min_p, boolean) or not isinstance(min_p, number) or not 0 <= min_p <= 1:
+        raise ValueError(f"min_p must be a number in [0, 1], got {min_p!r}")
     generator = (np.random.Generator, np.random.SeedSequence)
     if seed is not None and not isinstance(seed, generator):
         check_int(seed, "seed", low=0, what="None or an int >= 0")
 
 
-def next_token_probs(logits, *, temperature=1.0, top_k=None):
-    """The distribution sample_next draws from, per row of logits [B, vocab]: softmax of
-    logits / temperature over the top_k largest (the rest get probability 0), in float64.
+def next_token_probs(logits, *, temperature=1.0, top_k=None, top_p=1.0, min_p=0.0):
+    """The distribution sample_next draws from, per row of logits [B, vocab], in float64:
+    softmax of logits / temperature, then cut, in HF transformers' order, to
+      top_k   the k largest logits (every logit tied with the k-th stays);
+      top_p   the nucleus: the most likely tokens until their mass reaches top_p;
+      min_p   the tokens at least min_p times as likely as the most likely one;
+    each cut renormalized before the next. top_p=1 and min_p=0 cut nothing.
 
-    The one definition of how temperature and top-k shape a distribution: speculative
-    decoding shapes the target's and the draft's with it too. temperature > 0 here;
-    temperature 0 (or greedy) means argmax, which has no distribution to shape.
+    The nucleus rule, exactly: a token stays when the tokens strictly more likely than it
+    hold less than top_p of the mass. So the smallest set of most likely tokens whose
+    mass reaches top_p stays, together with every token tied with the least likely of
+    them: a tie at the boundary stays whole, whatever order a sort would put it in
+    (HF's TopPLogitsWarper keeps the same set when there is no tie there, and keeps the
+    tied tokens its sort happens to put first when there is). The most likely token
+    always stays. The masses are float64 sums.
+
+    The one definition of how sampling shapes a distribution: speculative decoding shapes
+    the target's and the draft's with it too. temperature > 0 here; temperature 0 (or
+    greedy) means argmax, which has no distribution to shape.
     """
     logits = np.asarray(logits).astype(np.float64) / float(temperature)
     if top_k is not None:
         kth = np.sort(logits, axis=-1)[..., -top_k][..., None]  # the k-th largest per row
         logits = np.where(logits < kth, -np.inf, logits)
-    return softmax(logits, axis=-1)
+    p = softmax(logits, axis=-1)
+    if top_p < 1:
+        p = _renormalized(np.where(p >= _nucleus_floor(p, top_p)[..., None], p, 0.0))
+    if min_p > 0:
+        p = _renormalized(np.where(p >= min_p * p.max(axis=-1, keepdims=True), p, 0.0))
+    return p
+
+
+def _nucleus_floor(p, top_p):
+    """Per row of p [..., V], the least probability a token in the nucleus has: sorted
+    from most to least likely, the tokens before the i-th hold `above[i]`, and the i-th
+    stays while that is below top_p (the first always does)."""
+    ordered = -np.sort(-p, axis=-1)  # [..., V], most likely first
+    above = np.zeros_like(ordered)  # [..., V], the mass before each
+    np.cumsum(ordered[..., :-1], axis=-1, out=above[..., 1:])
+    kept = (above < top_p).sum(axis=-1)  # [...], >= 1: above is non-decreasing
+    return np.take_along_axis(ordered, kept[..., None] - 1, axis=-1)[..., 0]
+
+
+def _renormalized(p):
+    return p / p.sum(axis=-1, keepdims=True)
 
 
 def draw(p, rng):
@@ -69,19 +105,20 @@ def draw(p, rng):
     return np.minimum(picked, last_possible)
 
 
-def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, rng=None):
+def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, top_p=1.0, min_p=0.0,
+                rng=None):
     """Pick the next token per row of logits [B, vocab]: argmax, or a sample from
-    next_token_probs (temperature, then top-k).
+    next_token_probs (temperature, then top-k, top-p and min-p).
 
     A sampled token always has probability > 0, however the uniform draw falls.
     """
     logits = np.asarray(logits)
     if logits.ndim != 2 or logits.shape[-1] == 0:
         raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
-    _check_sampling(greedy, temperature, top_k, logits.shape[-1])
+    _check_sampling(greedy, temperature, top_k, logits.shape[-1], top_p=top_p, min_p=min_p)
     if greedy or temperature == 0:
         return np.argmax(logits, axis=-1)
-    p = next_token_probs(logits, temperature=temperature, top_k=top_k)
+    p = next_token_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     return draw(p, np.random.default_rng() if rng is None else rng)
 
 
@@ -117,7 +154,8 @@ def _prompts(prompt, cfg: Config):
 
 
 def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False,
-                    temperature=1.0, top_k=None, seed=None, use_cache=True):
+                    temperature=1.0, top_k=None, top_p=1.0, min_p=0.0, seed=None,
+                    use_cache=True):
     """Yield the new tokens [B] one step at a time: prefill once, then decode with the cache.
 
     prompt is [B, T], or a list of B 1-D prompts of any lengths: each row then
@@ -131,14 +169,15 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
     if longest + max_new_tokens > cfg.max_seq:
         raise ValueError(
             f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={cfg.max_seq}")
-    _check_sampling(greedy, temperature, top_k, cfg.vocab, seed)
+    _check_sampling(greedy, temperature, top_k, cfg.vocab, seed, top_p, min_p)
     # The params are checked once here, not by every forward below: a step changes
     # only the cache and the tokens, which forward still checks.
     check_params(params, cfg)
     if max_new_tokens == 0:
         return
     rng = np.random.default_rng(seed)
-    pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, rng=rng)
+    pick = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                rng=rng)
     last = np.full(B, T - 1) if lengths is None else lengths - 1  # each row's last prompt token
     if use_cache:
         cache = KVCache(cfg, B, T + max_new_tokens)
@@ -167,13 +206,13 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
 
 
 def generate(params, cfg: Config, prompt, max_new_tokens, *, greedy=False, temperature=1.0,
-             top_k=None, seed=None, use_cache=True):
+             top_k=None, top_p=1.0, min_p=0.0, seed=None, use_cache=True):
     """The prompt followed by max_new_tokens generated tokens: [B, T + n] for a [B, T]
     prompt; for a list of 1-D prompts, a list of 1-D arrays, each its prompt and n new tokens."""
     tokens, lengths = _prompts(prompt, cfg)
     new = list(generate_stream(params, cfg, prompt, max_new_tokens, greedy=greedy,
-                               temperature=temperature, top_k=top_k, seed=seed,
-                               use_cache=use_cache))
+                               temperature=temperature, top_k=top_k, top_p=top_p,
+                               min_p=min_p, seed=seed, use_cache=use_cache))
     new = np.stack(new, axis=1).astype(tokens.dtype) if new else tokens[:, :0]  # [B, n]
     if lengths is None:
         return np.concatenate([tokens, new], axis=1)

@@ -35,14 +35,13 @@ from .config import Config
 from .generation import _check_sampling, _finite, draw, next_token_probs
 from .model import _forward_unchecked, check_tokens
 from .params import check_params
+from .validate import check_int
 
 DRAFT_CALLS = ("start", "propose", "rollback")
 
 
 def _int_at_least(value, name, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
+    return check_int(value, name, low=low)
 
 
 # ---------------------------------------------------------------- how a token is picked
@@ -50,11 +49,14 @@ def _int_at_least(value, name, low):
 @dataclass
 class Sampler:
     """How the next token is picked, shared by the draft and the verifier: argmax when
-    greedy (or temperature 0), else a draw from next_token_probs(logits, temperature, top_k)."""
+    greedy (or temperature 0), else a draw from next_token_probs(logits, temperature, top_k,
+    top_p, min_p): the verifier's p is then exactly the distribution sample_next draws from."""
     greedy: bool
     temperature: float
     top_k: int | None
     rng: np.random.Generator
+    top_p: float = 1.0
+    min_p: float = 0.0
 
     @property
     def deterministic(self) -> bool:
@@ -62,7 +64,8 @@ class Sampler:
 
     def probs(self, logits):
         """Shaped distributions, float64, one per row of logits [n, V]."""
-        return next_token_probs(logits, temperature=self.temperature, top_k=self.top_k)
+        return next_token_probs(logits, temperature=self.temperature, top_k=self.top_k,
+                                top_p=self.top_p, min_p=self.min_p)
 
     def pick(self, logits):
         """(token, its distribution [V] or None when deterministic) for logits [V]."""
@@ -248,7 +251,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, params, cfg: Config, prompt, max_new_tokens, *, draft=None, k=4,
-                 greedy=True, temperature=1.0, top_k=None, seed=None):
+                 greedy=True, temperature=1.0, top_k=None, top_p=1.0, min_p=0.0, seed=None):
         prompt = check_tokens(prompt, cfg)
         if prompt.shape[0] != 1:
             raise ValueError(f"speculative decoding takes one sequence, prompt [1, T]; got "
@@ -259,12 +262,13 @@ class SpeculativeDecoder:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds "
                              f"max_seq={cfg.max_seq}")
         self.k = _int_at_least(k, "k (drafts per pass)", 1)
-        _check_sampling(greedy, temperature, top_k, cfg.vocab, seed)
+        _check_sampling(greedy, temperature, top_k, cfg.vocab, seed, top_p, min_p)
         draft = NgramDraft() if draft is None else draft
         _check_draft(draft, cfg.vocab)
         check_params(params, cfg)
         self.params, self.cfg, self.draft = params, cfg, draft
-        self.sampler = Sampler(bool(greedy), float(temperature), top_k, np.random.default_rng(seed))
+        self.sampler = Sampler(bool(greedy), float(temperature), top_k, np.random.default_rng(seed),
+                               float(top_p), float(min_p))
         self.max_new_tokens, self.prompt_len = max_new_tokens, T
         self.tokens = np.zeros(T + max_new_tokens, dtype=prompt.dtype)
         self.tokens[:T] = prompt[0]
@@ -339,7 +343,8 @@ class SpeculativeDecoder:
 
 
 def speculative_generate(params, cfg: Config, prompt, max_new_tokens, *, draft=None, k=4,
-                         greedy=True, temperature=1.0, top_k=None, seed=None):
+                         greedy=True, temperature=1.0, top_k=None, top_p=1.0, min_p=0.0,
+                         seed=None):
     """(tokens [1, T + n], stats) for a prompt [1, T], as generate takes and returns them.
 
     draft: NgramDraft(max_n=3, min_n=1) when None, or a ModelDraft; k drafts per pass
@@ -353,19 +358,22 @@ def speculative_generate(params, cfg: Config, prompt, max_new_tokens, *, draft=N
     with each pass's own number of drafts; prefill_seconds, draft_seconds, verify_seconds.
     """
     dec = SpeculativeDecoder(params, cfg, prompt, max_new_tokens, draft=draft, k=k,
-                             greedy=greedy, temperature=temperature, top_k=top_k, seed=seed)
+                             greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                             min_p=min_p, seed=seed)
     for _ in dec.passes():
         pass
     return dec.tokens[None, :dec.length].copy(), dict(dec.stats)
 
 
 def speculative_stream(params, cfg: Config, prompt, max_new_tokens, *, draft=None, k=4,
-                       greedy=True, temperature=1.0, top_k=None, seed=None, stats=None):
+                       greedy=True, temperature=1.0, top_k=None, top_p=1.0, min_p=0.0, seed=None,
+                       stats=None):
     """Yield the new tokens one at a time as [1] arrays, as generate_stream does, decoding
     speculatively; `stats`, a dict if given, holds speculative_generate's figures, updated
     after every pass (so it is current when the caller stops early at a stop token)."""
     dec = SpeculativeDecoder(params, cfg, prompt, max_new_tokens, draft=draft, k=k,
-                             greedy=greedy, temperature=temperature, top_k=top_k, seed=seed)
+                             greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p,
+                             min_p=min_p, seed=seed)
     for new in dec.passes():
         if stats is not None:
             stats.update(dec.stats)

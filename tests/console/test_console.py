@@ -7,7 +7,7 @@ import pytest
 from rich.cells import cell_len
 
 import console
-from console import fmt_float, fmt_num, fmt_time, wrap_text
+from console import fmt_float, fmt_num, fmt_ratio, fmt_time, wrap_text
 
 
 @pytest.mark.parametrize("x, text", [
@@ -33,6 +33,11 @@ def test_fmt_float():
     assert fmt_float(0.0) == "0"
     assert fmt_float(1.5) == "1.5000"
     assert fmt_float(1e-9) == "1.00e-09"
+
+
+def test_fmt_ratio_gives_one_decimal_below_100_and_whole_from_there():
+    assert [fmt_ratio(x) for x in (3.21, 57.0, 99.94, 100.0, 250.4)] == \
+        ["3.2", "57.0", "99.9", "100", "250"]
 
 
 def test_wrap_text_breaks_between_chinese_characters_and_fills_lines():
@@ -338,7 +343,7 @@ def test_recording_restores_the_shared_console():
 PUBLIC_NAMES = {
     "state": ["get_console", "reset_console", "recording", "can_encode", "set_lang", "get_lang",
               "set_pause", "pause", "MIN_WIDTH", "PAUSE_PROMPT"],
-    "text": ["wrap_text", "fmt_num", "fmt_time", "fmt_float", "to_jsonable"],
+    "text": ["wrap_text", "fmt_num", "fmt_time", "fmt_float", "fmt_ratio", "to_jsonable"],
     "printing": ["print_header", "print_section", "print_text", "print_table", "print_observations",
                  "OBSERVATIONS_TITLE"],
     "colour": ["cube_rgb", "relative_luminance", "contrast_ratio", "heat_style"],
@@ -356,11 +361,11 @@ def test_every_public_name_is_reexported_from_console(module):
         assert getattr(console, name, None) is getattr(home, name), f"console.{name} (from console/{module}.py)"
 
 
-def test_console_all_is_unchanged_and_every_name_in_it_exists():
+def test_console_all_holds_its_names_and_every_name_in_it_exists():
     assert sorted(console.__all__) == sorted([
         "get_console", "reset_console", "set_lang", "get_lang", "print_header", "print_table",
         "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time",
-        "fmt_float", "wrap_text", "to_jsonable", "export", "check_export_path", "mark", "recording",
+        "fmt_float", "fmt_ratio", "wrap_text", "to_jsonable", "export", "check_export_path", "mark", "recording",
         "html_fragment", "EXPORT_SUFFIXES", "set_pause", "pause", "can_encode"])
     assert all(hasattr(console, name) for name in console.__all__)
     every = {name for names in PUBLIC_NAMES.values() for name in names}

@@ -164,13 +164,14 @@ SMALL = llama_config(vocab=4, d_model=16, n_heads=2, n_kv_heads=1, n_layers=1, d
 PROMPT = np.array([[1, 2, 1, 2, 1]])  # the n-gram draft always finds "1" and "2 1" in it
 
 
-def exact_distribution(params, cfg, prompt, n, temperature=1.0, top_k=None):
-    """P(every continuation of n tokens) under the target, by enumerating them all."""
+def exact_distribution(params, cfg, prompt, n, temperature=1.0, top_k=None, **cuts):
+    """P(every continuation of n tokens) under the target, by enumerating them all (cuts:
+    top_p, min_p)."""
     out = {}
     for cont in itertools.product(range(cfg.vocab), repeat=n):
         seq = np.concatenate([prompt[0], cont])[None]
         logits = forward(params, cfg, seq[:, :-1])[0, prompt.shape[1] - 1:]  # [n, V]
-        p = next_token_probs(logits, temperature=temperature, top_k=top_k)
+        p = next_token_probs(logits, temperature=temperature, top_k=top_k, **cuts)
         out[cont] = float(np.prod(p[np.arange(n), cont]))
     return out
 
@@ -222,6 +223,21 @@ def test_sampling_follows_the_targets_distribution(small, which):
              "ngram": NgramDraft(max_n=2)}[which]
     runs = 400  # the rarest of the 16 cells then expects 5.5
     p = chi2_p_value(sampled_counts(target, SMALL, draft, 2, runs), exact, runs)
+    assert p > 0.01, p
+
+
+@pytest.mark.parametrize("which", ["itself", "random", "ngram"])
+def test_sampling_with_top_p_and_min_p_follows_the_targets_cut_distribution(which):
+    # The verifier's p is the target's distribution after the nucleus and min-p cuts, so
+    # the accepted tokens follow it exactly: cells the cuts remove never occur.
+    target = peaked(SMALL, 1)
+    cuts = dict(top_p=0.8, min_p=0.1)
+    exact = exact_distribution(target, SMALL, PROMPT, 2, **cuts)
+    assert sum(p == 0 for p in exact.values()) >= 4  # the cuts remove something
+    draft = {"itself": ModelDraft(target, SMALL), "random": ModelDraft(peaked(SMALL, 2), SMALL),
+             "ngram": NgramDraft(max_n=2)}[which]
+    runs = 400
+    p = chi2_p_value(sampled_counts(target, SMALL, draft, 2, runs, **cuts), exact, runs)
     assert p > 0.01, p
 
 

@@ -21,7 +21,9 @@ The design, one job per file (after nano-vllm's layout, our own code):
                   blocks allow. Prefill and decode are mixed in one step (vLLM's choice;
                   mix_prefill_decode=False alternates as nano-vllm, for comparison). A
                   decode that finds no free block preempts the newest running sequence,
-                  which is recomputed later.
+                  which is recomputed later. After the step, postprocess(chunks, tokens)
+                  applies the picked tokens: computed positions (num_computed_tokens has
+                  no other writer), rejected drafts' blocks freed, stops, finishes.
 - speculative_config.py  LLM(speculative={"method": "ngram", "num_speculative_tokens": k})
                   in vLLM's names: each decoding sequence drafts with NgramDraft and its
                   chunk verifies the drafts in the same step (a ragged verify batch).
@@ -31,9 +33,11 @@ The design, one job per file (after nano-vllm's layout, our own code):
                   attends: prefill chunks one by one, decodes and verify chunks a group
                   at a time over their blocks gathered per step, each at its own position.
 - llm.py          LLM: checks requests (ValueError naming the request), adds them, steps
-                  until done, samples each request with its own seeded generator,
-                  collects outputs in prompt order with vLLM's metrics; a rich progress
-                  bar on a terminal.
+                  until done, samples each request with its own seeded generator
+                  (temperature, top_k, top_p, min_p) or accepts its drafts, collects
+                  outputs in prompt order with vLLM's metrics; chat() and chat_params()
+                  (the chat template's stop ids, the server's too); a progress bar.
+- step_stats.py   StepRecorder: the step log and the token counters stats() reports.
 
 The OpenAI-compatible server (python -m transformer_lab.serve), one job per file too:
 
@@ -43,7 +47,8 @@ The OpenAI-compatible server (python -m transformer_lab.serve), one job per file
                   stop strings cut and held back until ruled out.
 - engine_loop.py  EngineLoop: the engine's steps in one thread; handlers submit requests
                   (503 past max_waiting) and read their tokens from a queue; aborts free
-                  blocks before the next step; continuous, static or no batching.
+                  blocks before the next step; continuous, static or no batching, by
+                  one admission rule (joining) that bench.replay shares.
 - api_server.py   ApiServer: ThreadingHTTPServer routes, SSE streaming, disconnects,
                   /metrics in Prometheus text.
 - __main__.py     the command line: one ready line, Ctrl-C / SIGTERM stop cleanly.

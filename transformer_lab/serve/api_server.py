@@ -35,7 +35,6 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ..pretrained.chat_template import stop_token_ids
 from . import openai_protocol as protocol
 from .engine_loop import EngineLoop, QueueFull, ShuttingDown
 from .llm import chat_prompt
@@ -102,16 +101,12 @@ class ApiServer:
         self.max_waiting, self.max_body_bytes, self.batching = max_waiting, max_body_bytes, batching
         self._log_stream = log
         tokenizer = llm.tokenizer
-        stop_ids = ()
-        if tokenizer is not None:
-            try:  # the end of an assistant turn ends a chat answer, as in the chat command
-                stop_ids = tuple(sorted(stop_token_ids(tokenizer)))
-            except ValueError:  # no <|im_end|>: the tokenizer's eos still ends it
-                stop_ids = ()
+        # A chat answer stops where LLM.chat's does (llm.chat_params adds the stop ids).
         self.model = protocol.ModelInfo(
             name=self.model_name, tokenizer=tokenizer, vocab=llm.cfg.vocab,
             max_seq=llm.cfg.max_seq, kv_tokens=llm.num_blocks * llm.block_size,
-            chat_prompt=chat_prompt if tokenizer is not None else None, chat_stop_ids=stop_ids)
+            chat_prompt=chat_prompt if tokenizer is not None else None,
+            chat_params=llm.chat_params)
         self.created = int(time.time())
         self.engine: EngineLoop | None = None
         self.httpd: _HTTPServer | None = None

@@ -203,7 +203,7 @@ def replay(llm, requests, arrivals, *, batching="continuous"):
     free of a busy client's noise. batching as the server's: "continuous" adds a request
     when it arrives; "static" adds up to max_num_seqs queued ones when the engine is idle;
     "none" one at a time. ([RequestResult] in request order, duration)."""
-    from .engine_loop import BATCHING
+    from .engine_loop import BATCHING, joining
     if batching not in BATCHING:
         raise ValueError(f"replay: batching must be one of {', '.join(BATCHING)}, "
                          f"got {batching!r}")
@@ -215,15 +215,13 @@ def replay(llm, requests, arrivals, *, batching="continuous"):
     results = [RequestResult(i, ok=False, send_time=arrivals[i],
                              prompt_tokens=len(requests[i][0])) for i in range(len(requests))]
     live = {}  # index -> (Sequence, the time of its last delivery)
-    batch = 1 if batching == "none" else llm.max_num_seqs
     clock = 0.0
     while pending or queued or live:
         while pending and arrivals[pending[0]] <= clock:
             queued.append(pending.popleft())
-        if batching == "continuous" or not live:
-            for _ in range(len(queued) if batching == "continuous" else min(batch, len(queued))):
-                i = queued.popleft()
-                live[i] = (llm.add_request(*requests[i]), None)
+        for _ in range(joining(batching, len(queued), not live, llm.max_num_seqs)):
+            i = queued.popleft()
+            live[i] = (llm.add_request(*requests[i]), None)
         if not live:
             clock = arrivals[pending[0]]
             continue

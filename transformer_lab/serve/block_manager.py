@@ -118,8 +118,9 @@ class BlockManager:
 
     def allocate(self, seq, tokens: int) -> bool:
         """Give a waiting seq blocks for its first `tokens` tokens, sharing cached prefix
-        blocks; set its block_table, block_hashes, num_cached_tokens and
-        num_computed_tokens. False (nothing changed) if the free blocks don't suffice."""
+        blocks; set its block_table, block_hashes and num_cached_tokens (the scheduler
+        starts its computed tokens there). False (nothing changed) if the free blocks
+        don't suffice."""
         assert not seq.block_table, "allocate() is for a sequence that holds no blocks"
         hits, hashes = self.cached_prefix(seq)
         new = self.blocks_for(tokens) - len(hits)
@@ -130,7 +131,7 @@ class BlockManager:
             self._share(block_id)
         seq.block_table = hits + [self._take_new() for _ in range(new)]
         seq.block_hashes = hashes
-        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_cached_tokens = len(hits) * self.block_size
         self.prefix_query_tokens += len(seq) if self.enable_prefix_caching else 0
         self.prefix_hit_tokens += seq.num_cached_tokens
         self._note_peak()

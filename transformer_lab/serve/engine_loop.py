@@ -35,12 +35,25 @@ import threading
 import time
 from collections import deque
 
+from ..validate import check_int
 from .openai_protocol import APIError
 from .sequence import SequenceStatus
 
 BATCHING = ("continuous", "static", "none")
 IDLE_WAIT = 0.5  # seconds the loop sleeps between checks when there is nothing to do
 STEP_LOG_KEEP = 4096  # the engine's step log is cut to this many records when it doubles
+
+
+def joining(batching, queued, engine_idle, max_num_seqs) -> int:
+    """How many of `queued` requests join the engine now, the admission rule of
+    `batching`: all of them when continuous; else, once the engine is idle, a batch
+    (max_num_seqs of them when static, one when none), and no one while it is busy.
+    EngineLoop and bench.replay both admit by it."""
+    if batching == "continuous":
+        return queued
+    if not engine_idle:
+        return 0
+    return min(queued, 1 if batching == "none" else max_num_seqs)
 
 
 class QueueFull(Exception):
@@ -68,14 +81,12 @@ class EngineLoop:
         if batching not in BATCHING:
             raise ValueError(f"EngineLoop: batching must be one of {', '.join(BATCHING)}, "
                              f"got {batching!r}")
-        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
-            raise ValueError(f"EngineLoop: max_waiting must be an int >= 0, got {max_waiting!r}")
+        max_waiting = check_int(max_waiting, "EngineLoop: max_waiting", low=0)
         self.llm, self.max_waiting, self.batching = llm, max_waiting, batching
-        self.batch_size = 1 if batching == "none" else llm.max_num_seqs
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: list[RequestHandle] = []  # added to the engine, not finished (loop only)
-        self._held: deque[RequestHandle] = deque()  # static batching: not yet added
+        self._held: deque[RequestHandle] = deque()  # submitted, not yet added (joining())
         self._lock = threading.Lock()
         self._waiting = 0  # submitted and not yet admitted (guarded by _lock)
         self._closed = False
@@ -150,10 +161,12 @@ class EngineLoop:
                     command = None
             if stopping:
                 break
+            if self.batching == "continuous":
+                self._release()  # at once, paused or not
             if not self._go.is_set():
                 self.snapshot = self._snapshot()
                 continue
-            self._release_batch()
+            self._release()
             if self.llm.has_unfinished_requests():
                 self._step()
                 if self.on_step is not None:
@@ -165,10 +178,7 @@ class EngineLoop:
         if kind == "stop":
             return True
         if kind == "add":
-            if self.batching == "continuous":
-                self._add(handle)
-            else:
-                self._held.append(handle)
+            self._held.append(handle)
         elif kind == "abort":
             self._abort(handle)
         return False
@@ -198,11 +208,12 @@ class EngineLoop:
             with self._lock:
                 self._waiting -= 1
 
-    def _release_batch(self):
-        """Static batching: the next batch joins once the engine is idle."""
-        if self._held and not self.llm.has_unfinished_requests():
-            for _ in range(min(self.batch_size, len(self._held))):
-                self._add(self._held.popleft())
+    def _release(self):
+        """The held requests that join now, by joining()'s rule."""
+        n = joining(self.batching, len(self._held), not self.llm.has_unfinished_requests(),
+                    self.llm.max_num_seqs)
+        for _ in range(n):
+            self._add(self._held.popleft())
 
     def _step(self):
         try:

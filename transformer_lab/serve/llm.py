@@ -6,30 +6,34 @@
     outs[0].text, outs[0].token_ids, outs[0].finish_reason, outs[0].metrics.ttft
 
 Each step: the Scheduler picks the chunks, the ModelRunner runs one forward
-over them against the paged pool, and each sequence that finished a chunk at
-its end samples its next token with its own generator. With speculative=
-(serve/speculative_config.py) a decoding sequence's chunk also verifies its
-drafts, and the acceptance rule of speculative.accept picks its 1 to k + 1 new
-tokens.
+over them against the paged pool, each sequence that finished a chunk at its
+end samples its next token with its own generator (with speculative=,
+serve/speculative_config.py, a decoding sequence's chunk also verifies its
+drafts, and speculative.accept picks its 1 to k + 1 new tokens), the
+Scheduler's postprocess applies those tokens, and the StepRecorder logs the step.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..products import invariant_block_rows, row_invariant_products
 from ..params import PACKED_MODULES_BY_KEYS as PACKED_KEYS, PackedGroup, check_params
+from ..pretrained.chat_template import apply_chat_template, stop_token_ids
+from ..validate import check_int
 from ..speculative import Sampler, accept
 from .block_manager import BlockManager
 from .model_runner import ModelRunner, PagedKVPool, check_kv_cache_dtype
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence, SequenceStatus
+from .sequence import Sequence
 from .speculative_config import SpeculativeConfig
+from .step_stats import StepRecord, StepRecorder
 
 # Without num_blocks or kv_cache_memory, the pool holds max_num_seqs full-length
 # sequences, capped at this many bytes (256 MiB: 5 825 SmolLM2 tokens, 364 blocks of 16).
@@ -42,18 +46,9 @@ INVARIANT_ROWS = (32, 16, 8, 4, 2, 1)
 
 
 def chat_prompt(messages, add_generation_prompt=True) -> str:
-    """The model's chat template applied to one conversation [{"role", "content"}, ...]:
-    transformer_lab.pretrained.chat_template when it exists, else ChatML built from
-    the chat CLI's constants (SmolLM2's template, without its default system turn)."""
-    try:
-        from ..pretrained.chat_template import apply_chat_template
-    except ImportError:
-        apply_chat_template = None
-    if apply_chat_template is not None:
-        return apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    from ..cli.chat import ASSISTANT_START, END_OF_TURN
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}{END_OF_TURN}\n" for m in messages)
-    return text + (ASSISTANT_START if add_generation_prompt else "")
+    """The model's chat template (pretrained/chat_template.py) applied to one conversation
+    [{"role", "content"}, ...]."""
+    return apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
 
 # ---------------------------------------------------------------- outputs
@@ -114,22 +109,6 @@ class RequestOutput:
         return [CompletionOutput(0, self.text, self.token_ids, self.finish_reason)]
 
 
-@dataclass
-class StepRecord:
-    """One engine step, as the step log keeps it."""
-    step: int
-    num_seqs: int  # sequences computed in this step
-    prefill_tokens: int
-    decode_tokens: int  # decode positions computed (a verify chunk: 1 + its drafts)
-    seconds: float  # wall time of the forward and the sampling
-    blocks_in_use: int  # after the step
-    tokens_in_cache: int  # K/V positions the running sequences hold, after the step
-    slots_used: int  # filled slots of the blocks in use (a shared block counted once)
-    gathered_bytes: int  # K/V the attention copied out of the pool
-    drafted_tokens: int = 0  # speculated tokens verified in this step
-    accepted_tokens: int = 0  # of them, accepted
-
-
 # ---------------------------------------------------------------- the engine
 
 def product_weights(params, cfg) -> list:
@@ -154,10 +133,8 @@ def product_weights(params, cfg) -> list:
 def _positive_int(name, value, *, allow_none=False):
     if allow_none and value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"LLM: {name} must be an int >= 1{' or None' if allow_none else ''}, "
-                         f"got {value!r}")
-    return int(value)
+    return check_int(value, f"LLM: {name}", low=1,
+                     what="an int >= 1 or None" if allow_none else None)
 
 
 class LLM:
@@ -224,19 +201,24 @@ class LLM:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=self.max_num_seqs,
                                    max_num_batched_tokens=self.max_num_batched_tokens,
                                    mix=bool(mix_prefill_decode), canonical=self.batch_invariant,
-                                   speculative=self.speculative)
+                                   speculative=self.speculative,
+                                   eos_id=None if tokenizer is None else tokenizer.eos_id)
         self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size, kv_cache_dtype)
         self.runner = ModelRunner(params, cfg, self.pool, batch_invariant=self.batch_invariant)
         self.invariant_rows = (invariant_block_rows(product_weights(params, cfg), INVARIANT_ROWS)
                                if self.batch_invariant else None)
+        self.recorder = StepRecorder(self.block_size)
         self._next_index = 0
         self.reset_stats()
 
+    @property
+    def step_log(self) -> list[StepRecord]:
+        """A StepRecord per step since reset_stats() (the recorder's log)."""
+        return self.recorder.log
+
     def reset_stats(self):
         """Zero the counters of stats() and empty the step log (the cache keeps its blocks)."""
-        self.step_log: list[StepRecord] = []
-        self._counts = dict(prefill_tokens_computed=0, prefill_tokens_submitted=0,
-                            decode_tokens=0, spec_draft_tokens=0, spec_accepted_tokens=0)
+        self.recorder.reset()
         bm = self.block_manager
         bm.peak_blocks_in_use = bm.blocks_in_use
         bm.prefix_hit_tokens = bm.prefix_query_tokens = 0
@@ -249,7 +231,7 @@ class LLM:
                     prefix_hit_tokens=bm.prefix_hit_tokens,
                     prefix_query_tokens=bm.prefix_query_tokens,
                     preemptions=self.scheduler.preemptions, steps=len(self.step_log),
-                    **self._counts)
+                    **self.recorder.counts)
 
     # ------------------------------------------------------------ requests
 
@@ -351,101 +333,55 @@ class LLM:
     # ------------------------------------------------------------ one step
 
     def step(self) -> list[Sequence]:
-        """Schedule, run one forward, sample; the sequences that finished in this step."""
+        """Schedule, run one forward, pick the tokens, and let the scheduler apply them;
+        the sequences that finished in this step."""
         chunks = self.scheduler.schedule()
         if not chunks:
             raise RuntimeError("the scheduler found nothing to run (a request larger than "
                                "the pool should have been refused)")
         start = time.perf_counter()
-        for chunk in chunks:
-            if chunk.seq.first_scheduled_time is None:
-                chunk.seq.first_scheduled_time = start
-            if chunk.start == chunk.seq.num_cached_tokens and chunk.is_prefill:
-                self._counts["prefill_tokens_submitted"] += chunk.seq.prefill_end
         invariant = (row_invariant_products(self.invariant_rows) if self.batch_invariant
                      else contextlib.nullcontext())
         with invariant:
             logits = self.runner.run(chunks)  # [one row per sampling chunk (1 + j: verify), V]
-        finished, row, prefill, decode, drafted, accepted = [], 0, 0, 0, 0, 0
-        for chunk in chunks:
-            seq, n = chunk.seq, chunk.end - chunk.start
-            seq.num_computed_tokens = chunk.end
-            if chunk.is_prefill:
-                prefill += n
-            else:
-                decode += n
-            if not chunk.sample:
-                continue
-            j = len(chunk.drafts)
-            if j:  # verify: accept a of the j drafts, then the target's own token
-                self._check_finite(seq, logits[row:row + j + 1])
-                a, token = accept(logits[row:row + j + 1], chunk.drafts, None, self._sampler(seq))
-                new = [*chunk.drafts[:a], token]
-                seq.num_computed_tokens = chunk.end - j + a  # the rejected drafts' K/V drop
-                self.block_manager.trim(seq, seq.num_computed_tokens + 1)
-                drafted, accepted = drafted + j, accepted + a
-            else:
-                new = [self._sample(seq, logits[row])]
-            row += j + 1
-            reason = None
-            for token in new:  # a stop or max_tokens can come before the pass's last token
-                seq.token_ids.append(token)
-                reason = self._finish_reason(seq, token)
-                if reason:
-                    break
-            now = time.perf_counter()
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            if reason:
-                seq.finish_time = now
-                self.scheduler.finish(seq, reason)
-                finished.append(seq)
-        self._counts["prefill_tokens_computed"] += prefill
-        self._counts["decode_tokens"] += decode
-        self._counts["spec_draft_tokens"] += drafted
-        self._counts["spec_accepted_tokens"] += accepted
-        self.step_log.append(StepRecord(
-            step=len(self.step_log), num_seqs=len(chunks), prefill_tokens=prefill,
-            decode_tokens=decode, seconds=time.perf_counter() - start,
-            blocks_in_use=self.block_manager.blocks_in_use,
-            tokens_in_cache=sum(s.num_computed_tokens for s in self.scheduler.running),
-            slots_used=self._slots_used(),
-            gathered_bytes=self.runner.last_gathered_bytes, drafted_tokens=drafted,
-            accepted_tokens=accepted))
+        tokens = self._pick(chunks, logits)
+        finished = self.scheduler.postprocess(chunks, tokens)
+        self.recorder.record(chunks, tokens, time.perf_counter() - start,
+                             block_manager=self.block_manager, running=self.scheduler.running,
+                             gathered_bytes=self.runner.last_gathered_bytes)
         return finished
 
-    def _slots_used(self) -> int:
-        filled = {}
-        for seq in self.scheduler.running:
-            for j, block_id in enumerate(seq.block_table):
-                n = min(self.block_size, max(0, seq.num_computed_tokens - j * self.block_size))
-                filled[block_id] = max(filled.get(block_id, 0), n)
-        return sum(filled.values())
+    def _pick(self, chunks, logits) -> list:
+        """Per chunk, the tokens it picks from its logits rows: None for a chunk that picks
+        none; [token] for a decode or a prefill's end; a verify chunk's accepted drafts,
+        then the target's own token (speculative.accept)."""
+        tokens, row = [], 0
+        for chunk in chunks:
+            if not chunk.sample:
+                tokens.append(None)
+                continue
+            seq, j = chunk.seq, len(chunk.drafts)
+            rows = logits[row:row + j + 1]
+            self._check_finite(seq, rows)
+            if j:
+                a, token = accept(rows, chunk.drafts, None, self._sampler(seq))
+                tokens.append([*chunk.drafts[:a], token])
+            else:
+                tokens.append([self._sampler(seq).pick(rows[0])[0]])
+            row += j + 1
+        return tokens
 
     def _sampler(self, seq) -> Sampler:
         """How seq's verify pass picks (the single-sequence path's Sampler, seq's generator)."""
         p = seq.params
-        return Sampler(p.greedy, float(p.temperature), p.k, seq.rng)
+        return Sampler(p.greedy, float(p.temperature), p.k, seq.rng, float(p.top_p),
+                       float(p.min_p))
 
     @staticmethod
     def _check_finite(seq, logits):
         if not np.isfinite(logits).all():
             raise ValueError(f"request {seq.index}: the logits at position "
                              f"{len(seq) - 1} are not finite; check the params")
-
-    def _sample(self, seq, logits) -> int:
-        """seq's next token from its logits [V], picked as the single-sequence path picks."""
-        self._check_finite(seq, logits)
-        return self._sampler(seq).pick(logits)[0]
-
-    def _finish_reason(self, seq, token):
-        p = seq.params
-        eos = None if self.tokenizer is None else self.tokenizer.eos_id
-        if token in p.stop_token_ids or (not p.ignore_eos and eos is not None and token == eos):
-            return "stop"
-        if len(seq.output_token_ids) >= p.max_tokens:
-            return "length"
-        return None
 
     # ------------------------------------------------------------ generate and chat
 
@@ -474,7 +410,31 @@ class LLM:
             messages = [messages]
         prompts = [chat_prompt(list(conversation), add_generation_prompt)
                    for conversation in messages]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        sampling_params = [self.chat_params(p) for p in sampling_params]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    @property
+    def chat_stop_ids(self) -> tuple:
+        """The ids that end an assistant's turn (the end of turn and the tokenizer's eos),
+        sorted; () without a tokenizer, or for a model without the ChatML end of turn."""
+        if self.tokenizer is None:
+            return ()
+        try:
+            return tuple(sorted(stop_token_ids(self.tokenizer)))
+        except ValueError:  # no <|im_end|>: the tokenizer's eos still ends a turn
+            return ()
+
+    def chat_params(self, params=None) -> SamplingParams:
+        """params (SamplingParams() when None) that also stop at the end of an assistant's
+        turn: how chat() and the server's /v1/chat/completions both stop."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"chat: sampling params must be a SamplingParams, got "
+                             f"{type(params).__name__}")
+        extra = tuple(t for t in self.chat_stop_ids if t not in params.stop_token_ids)
+        return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra)
 
     def _output(self, seq) -> RequestOutput:
         tokens = seq.output_token_ids

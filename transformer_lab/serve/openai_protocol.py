@@ -5,11 +5,12 @@ decoded JSON body into a GenerationRequest (or raise APIError with OpenAI's erro
 object and the HTTP status), and the builders make the response bodies and stream
 chunks of /v1/completions and /v1/chat/completions.
 
-Fields taken (OpenAI's names, and vLLM's extensions top_k, ignore_eos,
+Fields taken (OpenAI's names, and vLLM's extensions top_k, min_p, ignore_eos,
 stop_token_ids, return_token_ids): model, prompt (a string, token ids, or a list of
 one of those) or messages, max_tokens (max_completion_tokens for chat), temperature,
-top_k, seed, stop (a string or a list), stream, stream_options.include_usage. Fields
-with a value this engine cannot honour (n > 1, top_p < 1, logprobs, penalties,
+top_p, top_k, min_p, seed, stop (a string or a list), stream,
+stream_options.include_usage. Fields
+with a value this engine cannot honour (n > 1, logprobs, penalties,
 echo, best_of > 1, a suffix, logit_bias) are refused by name with 400 rather than
 ignored; fields OpenAI has that change nothing here (user, ...) are ignored.
 
@@ -24,6 +25,7 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 
+from ..validate import is_int
 from .sampling_params import SamplingParams
 
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -58,7 +60,7 @@ class ModelInfo:
     max_seq: int  # the model's context
     kv_tokens: int  # positions the whole KV pool holds (num_blocks * block_size)
     chat_prompt: object = None  # messages -> prompt text (the model's chat template)
-    chat_stop_ids: tuple = ()  # token ids that end an assistant turn besides the tokenizer's eos
+    chat_params: object = None  # SamplingParams -> the same that stop at a turn's end (LLM's)
 
 
 @dataclass
@@ -86,10 +88,6 @@ class GenerationRequest:
 def _type_name(value):
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null",
             int: "integer", float: "number"}.get(type(value), type(value).__name__)
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value):
@@ -162,7 +160,6 @@ def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_na
     """The fields both endpoints share, checked; the GenerationRequest."""
     for name in ("n", "best_of"):
         _unsupported(body, name, (1,), "one completion per request")
-    _unsupported(body, "top_p", (1, 1.0), "top-p sampling; use top_k")
     for name in ("presence_penalty", "frequency_penalty"):
         _unsupported(body, name, (0, 0.0), "no penalties")
     _unsupported(body, "logprobs", (False,), "no log-probabilities")
@@ -178,16 +175,22 @@ def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_na
     temperature = _optional(body, "temperature", _is_number, "a number", DEFAULT_TEMPERATURE)
     if not math.isfinite(temperature) or temperature < 0:
         raise bad_request(f"'temperature' must be >= 0, got {temperature!r}", param="temperature")
-    top_k = _optional(body, "top_k", _is_int, "an integer")
+    top_k = _optional(body, "top_k", is_int, "an integer")
     if top_k is not None and (top_k < -1 or top_k > model.vocab):
         raise bad_request(f"'top_k' must be -1 or 0 (all tokens) or 1..{model.vocab}, got {top_k}",
                           param="top_k")
-    seed = _optional(body, "seed", _is_int, "an integer")
+    top_p = _optional(body, "top_p", _is_number, "a number", 1.0)
+    if not 0 < top_p <= 1:
+        raise bad_request(f"'top_p' must be in (0, 1], got {top_p!r}", param="top_p")
+    min_p = _optional(body, "min_p", _is_number, "a number", 0.0)
+    if not 0 <= min_p <= 1:
+        raise bad_request(f"'min_p' must be in [0, 1], got {min_p!r}", param="min_p")
+    seed = _optional(body, "seed", is_int, "an integer")
     if seed is not None and seed < 0:
         raise bad_request(f"'seed' must be >= 0, got {seed}", param="seed")
     ignore_eos = _optional(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False)
     stop_ids = _optional(body, "stop_token_ids",
-                         lambda v: isinstance(v, list) and all(_is_int(t) for t in v),
+                         lambda v: isinstance(v, list) and all(is_int(t) for t in v),
                          "an array of integers", [])
     for t in stop_ids:
         if not 0 <= t < model.vocab:
@@ -207,7 +210,7 @@ def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_na
     max_tokens = body.get(max_tokens_name)
     given = max_tokens is not None
     if given:
-        if not _is_int(max_tokens):
+        if not is_int(max_tokens):
             raise _wrong_type(max_tokens_name, "an integer", max_tokens)
         if max_tokens <= 0:
             raise bad_request(f"'{max_tokens_name}' must be at least 1, got {max_tokens}",
@@ -226,9 +229,10 @@ def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_na
             f"{max_tokens} for the completion, the last never stored) but this server's whole "
             f"KV pool holds {model.kv_tokens}. Please reduce the length of the prompt or the "
             f"completion.", param="max_tokens", code="context_length_exceeded")
-    stops = tuple(stop_ids) + (model.chat_stop_ids if kind == "chat" else ())
-    params = SamplingParams(temperature=float(temperature), top_k=top_k, max_tokens=max_tokens,
-                            seed=seed, ignore_eos=ignore_eos, stop_token_ids=stops)
+    params = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
+                            min_p=float(min_p), max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos, stop_token_ids=tuple(stop_ids))
+    if kind == "chat" and model.chat_params is not None:
+        params = model.chat_params(params)
     return GenerationRequest(kind, prompt_ids, params, given, stop=stop, stream=stream,
                              include_usage=include_usage, return_token_ids=return_ids,
                              prompt_text=prompt_text)
@@ -268,7 +272,7 @@ def parse_completion(body, model: ModelInfo) -> GenerationRequest:
     text = None
     if isinstance(prompt, str):
         text, ids = prompt, _encode(model, prompt, "prompt")
-    elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+    elif isinstance(prompt, list) and all(is_int(t) for t in prompt):
         ids = _check_ids(prompt, model, "prompt")
     elif isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise bad_request(f"'prompt' holds {len(prompt)} prompts; this server takes one per "

@@ -3,6 +3,8 @@
 Defaults differ from vLLM's on purpose, for a course: temperature 0.0 (greedy;
 vLLM's is 1.0) and max_tokens 64 (vLLM's is 16). top_k None disables top-k; vLLM's
 spellings of "disabled", 0 and -1, are taken too, so a vLLM script runs unchanged.
+top_p and min_p are vLLM's and HF's, applied after temperature and top-k in HF's order
+(generation.next_token_probs, which also states the rule for a tie at the nucleus's edge).
 """
 from __future__ import annotations
 
@@ -11,17 +13,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..validate import is_int
+
 _BOOL = (bool, np.bool_)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, _BOOL)
 
 
 @dataclass
 class SamplingParams:
     temperature: float = 0.0  # 0: greedy (argmax); > 0: sample from softmax(logits / T)
     top_k: int | None = None  # keep the k most likely tokens; None, 0 or -1: all
+    top_p: float = 1.0  # keep the most likely tokens until their mass reaches top_p (nucleus)
+    min_p: float = 0.0  # keep the tokens at least min_p times as likely as the likeliest
     max_tokens: int = 64  # new tokens at most; the request finishes with "length" there
     seed: int | None = None  # the request's own generator; None: fresh entropy
     ignore_eos: bool = False  # keep going past the tokenizer's end-of-sequence token
@@ -50,13 +52,19 @@ class SamplingParams:
                 or not math.isfinite(t) or t < 0:
             return f"temperature must be a finite number >= 0, got {t!r}"
         k = self.top_k
-        if k is not None and (not _is_int(k) or (k < 1 and k not in (0, -1))):
+        if k is not None and (not is_int(k) or (k < 1 and k not in (0, -1))):
             return f"top_k must be None, 0 or -1 (all tokens) or an int >= 1, got {k!r}"
         if vocab is not None and k is not None and k > vocab:
             return f"top_k={k} exceeds the vocabulary of {vocab}"
-        if not _is_int(self.max_tokens) or self.max_tokens <= 0:
+        for name, value, low_open in (("top_p", self.top_p, True), ("min_p", self.min_p, False)):
+            if isinstance(value, _BOOL) or not isinstance(value, (int, float, np.integer,
+                                                                   np.floating)) \
+                    or not (0 < value <= 1 if low_open else 0 <= value <= 1):
+                where = "(0, 1]" if low_open else "[0, 1]"
+                return f"{name} must be a number in {where}, got {value!r}"
+        if not is_int(self.max_tokens) or self.max_tokens <= 0:
             return f"max_tokens must be an int >= 1, got {self.max_tokens!r}"
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
+        if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             return f"seed must be None or an int >= 0, got {self.seed!r}"
         if not isinstance(self.ignore_eos, _BOOL):
             return f"ignore_eos must be True or False, got {self.ignore_eos!r}"
@@ -64,7 +72,7 @@ class SamplingParams:
         if isinstance(stops, (str, bytes)) or not hasattr(stops, "__iter__"):
             return f"stop_token_ids must be a sequence of token ids, got {stops!r}"
         for t in stops:
-            if not _is_int(t) or t < 0 or (vocab is not None and t >= vocab):
+            if not is_int(t) or t < 0 or (vocab is not None and t >= vocab):
                 bound = "" if vocab is None else f" below the vocabulary size {vocab}"
                 return f"stop_token_ids must hold ints >= 0{bound}, got {t!r}"
         return None

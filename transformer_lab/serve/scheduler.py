@@ -24,6 +24,11 @@ drafts up to k tokens of its own and its chunk computes the last token and the
 j drafts: [start, start + 1 + j). Drafting never preempts: it stops at the
 budget, at max_tokens and where no free block is left.
 
+After the step, postprocess(chunks, tokens) takes the tokens each chunk picked (the
+engine samples them, or accepts drafts): it counts the computed positions, frees the
+blocks of rejected drafts, appends the tokens and finishes the sequences that stop.
+The scheduler is the one writer of a sequence's num_computed_tokens.
+
 canonical=True (batch-invariant mode) makes a sequence's chunks depend on
 nothing but the sequence: its prompt is cut at fixed multiples of
 max_num_batched_tokens - max_num_seqs (or of the budget, if that is not
@@ -33,6 +38,7 @@ they were first computed.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -67,8 +73,9 @@ class ScheduledChunk:
 
 class Scheduler:
     def __init__(self, block_manager, *, max_num_seqs=32, max_num_batched_tokens=1024, mix=True,
-                 canonical=False, speculative=None):
+                 canonical=False, speculative=None, eos_id=None):
         self.block_manager = block_manager
+        self.eos_id = eos_id  # the tokenizer's end of sequence (None: none), unless ignore_eos
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.mix, self.canonical = mix, canonical
         self.speculative = speculative  # a SpeculativeConfig or None
@@ -86,6 +93,14 @@ class Scheduler:
     # ------------------------------------------------------------ one step
 
     def schedule(self) -> list[ScheduledChunk]:
+        chunks = self._chunks()
+        now = time.perf_counter()
+        for chunk in chunks:
+            if chunk.seq.first_scheduled_time is None:
+                chunk.seq.first_scheduled_time = now
+        return chunks
+
+    def _chunks(self) -> list[ScheduledChunk]:
         budget = self.max_num_batched_tokens
         if self.mix:
             chunks, budget, preempted = self._serve_running(budget, prefills=True, decodes=True)
@@ -168,6 +183,7 @@ class Scheduler:
                 break  # its first chunk does not fit this step whole
             if not bm.allocate(seq, seq.prefill_end):
                 break
+            seq.num_computed_tokens = seq.num_cached_tokens  # the prefix cache's hits
             n = self._chunk_length(seq, budget)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
@@ -191,6 +207,47 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # ------------------------------------------------------------ after the step
+
+    def postprocess(self, chunks, tokens) -> list[Sequence]:
+        """The step's chunks have run and `tokens` says what each picked, in order: None
+        for a chunk that picks nothing (a prefill chunk short of its end), else its new
+        tokens (a verify chunk: its accepted drafts, then the target's own token). Counts
+        the computed positions, frees the blocks that rejected drafts took, appends the
+        tokens up to a stop, and finishes the sequences that stopped: those it returns."""
+        finished = []
+        for chunk, new in zip(chunks, tokens):
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.end
+            if new is None:
+                continue
+            j = len(chunk.drafts)
+            if j:
+                a = len(new) - 1  # drafts accepted
+                assert 0 <= a <= j and list(new[:a]) == list(chunk.drafts[:a]), (new, chunk)
+                seq.num_computed_tokens = chunk.end - j + a  # the rejected drafts' K/V drop
+                self.block_manager.trim(seq, seq.num_computed_tokens + 1)
+            reason = None
+            for token in new:  # a stop or max_tokens can come before the pass's last token
+                seq.token_ids.append(int(token))
+                reason = self._finish_reason(seq, token)
+                if reason:
+                    break
+            now = time.perf_counter()
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if reason:
+                seq.finish_time = now
+                self.finish(seq, reason)
+                finished.append(seq)
+        return finished
+
+    def _finish_reason(self, seq, token):
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token == self.eos_id):
+            return "stop"
+        if len(seq.output_token_ids) >= p.max_tokens:
+            return "length"
+        return None
 
     def finish(self, seq, reason):
         seq.status = SequenceStatus.FINISHED

@@ -28,16 +28,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..speculative import NgramDraft
+from ..validate import check_int
 
 METHODS = ("ngram",)
 KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 
 
 def _count(spec, key, default):
-    value = spec.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"LLM: speculative[{key!r}] must be an int >= 1, got {value!r}")
-    return value
+    return check_int(spec.get(key, default), f"LLM: speculative[{key!r}]", low=1)
 
 
 @dataclass(frozen=True)
