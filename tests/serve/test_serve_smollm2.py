@@ -60,11 +60,17 @@ def test_chat_batch_matches_one_by_one_up_to_near_ties(smol):
     assert [o.prompt_token_ids for o in outs] == prompts
     for out, prompt in zip(outs, prompts):
         expected, gaps = greedy_with_gaps(params, cfg, prompt, NEW)
+        if out.finish_reason == "stop":  # chat stops at the end of the assistant's turn
+            assert out.token_ids[-1] in llm.chat_stop_ids
+            expected = expected[:len(out.token_ids)]
+        else:
+            assert out.finish_reason == "length" and len(out.token_ids) == NEW
         if out.token_ids != expected:
             first = next(i for i, (a, b) in enumerate(zip(out.token_ids, expected)) if a != b)
             assert min(gaps[:first + 1]) < 1e-3, (out.index if hasattr(out, "index") else
                                                   out.request_id, first, gaps[:first + 1])
-        assert out.text == tokenizer.decode(out.token_ids)
+        shown = out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids
+        assert out.text == tokenizer.decode(shown)  # a final stop token is not in the text
     assert llm.stats()["blocks_in_use"] == 0
     assert "Paris" in outs[0].text
 
