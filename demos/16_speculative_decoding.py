@@ -8,8 +8,9 @@ plus one token of its own. Greedy output is identical token for token; with
 sampling, the acceptance rule keeps the target's distribution exactly. It pays
 when the tokens gained per pass exceed what a pass of k+1 tokens costs.
 
-Full runs use SmolLM2-135M when it is installed; --quick (and a machine without
-it) uses a small random stand-in model, whose greedy output falls into loops.
+It runs on SmolLM2-135M when it is installed, --quick too (fewer tokens and fewer
+k, the same story); a machine without it uses a small random stand-in model, whose
+greedy output falls into loops.
 """
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ from transformer_lab.speculative import (ModelDraft, NgramDraft, chi2_sf,
 
 NUMBER = 16
 SEED = 16
-KS, QUICK_KS = (1, 2, 3, 4, 6, 8), (1, 2, 4)
-NEW_TOKENS, QUICK_NEW_TOKENS = 48, 32
-VERIFY_KS, QUICK_VERIFY_KS = tuple(range(1, 9)), (1, 2, 4, 8)
+KS, QUICK_KS = (1, 2, 3, 4, 6, 8), (2, 4)
+NEW_TOKENS, QUICK_NEW_TOKENS = 48, 16
+VERIFY_KS, QUICK_VERIFY_KS = tuple(range(1, 9)), (1, 2, 4)
 SHOWN_K = 4  # the identical-tokens check shows the n-gram draft at this k
 STAND_IN = llama_config(vocab=512, d_model=64, n_heads=4, n_kv_heads=2, n_layers=4, d_ff=128,
                         max_seq=256, dtype=np.float32)
@@ -49,7 +50,7 @@ TEXT = {
         "model_real": "目标模型：SmolLM2-135M（float32），每种提示 1 个，贪心生成 {n} 个新 token，"
                       "BLAS {threads} 线程。草稿：n-gram 提示查找（max_n=3），不需要模型。",
         "model_stand_in": "目标模型：随机初始化的小模型（{layers} 层，d={d}，词表 {vocab}），"
-                          "代替 SmolLM2（--quick 或未安装）；贪心生成 {n} 个新 token。"
+                          "代替 SmolLM2（未安装）；贪心生成 {n} 个新 token。"
                           "草稿：n-gram 提示查找（max_n=3）。",
         "kinds": {"copy": "复制", "question": "问答", "free": "自由"},
         "same_title": "贪心：用与不用投机解码，token 完全相同（k={k}）",
@@ -88,7 +89,7 @@ TEXT = {
                       "greedy, {threads} BLAS thread(s). Draft: n-gram prompt lookup (max_n=3), "
                       "no model.",
         "model_stand_in": "Target: a small random model ({layers} layers, d={d}, vocab {vocab}) "
-                          "standing in for SmolLM2 (--quick, or not installed); {n} new tokens "
+                          "standing in for SmolLM2 (not installed); {n} new tokens "
                           "greedy. Draft: n-gram prompt lookup (max_n=3).",
         "kinds": {"copy": "copy", "question": "question", "free": "free-form"},
         "same_title": "Greedy: the tokens with and without speculation are identical (k={k})",
@@ -136,20 +137,20 @@ TEXT = {
 
 _MODEL = {}  # SmolLM2, loaded once per process
 
-def load_target(quick):
-    """(name, cfg, params, prompts {kind: [1, T] ids}): SmolLM2 unless quick or missing."""
-    if not quick:
-        try:
-            from transformer_lab import find_model, load_gguf
-            from transformer_lab.cli.chat import chat_prompt
-            if "model" not in _MODEL:
-                _MODEL["model"] = load_gguf(find_model())
-            cfg, params, tokenizer = _MODEL["model"]
-            prompts = {kind: np.array([tokenizer.encode(chat_prompt([], texts[0]))])
-                       for kind, texts in PROMPTS.items()}
-            return "smollm2", cfg, params, prompts, tokenizer
-        except (OSError, ImportError, ValueError):
-            pass
+def load_target():
+    """(name, cfg, params, prompts {kind: [1, T] ids}, tokenizer): SmolLM2, or the stand-in
+    where it is not installed."""
+    try:
+        from transformer_lab import find_model, load_gguf
+        from transformer_lab.cli.chat import chat_prompt
+        if "model" not in _MODEL:
+            _MODEL["model"] = load_gguf(find_model())
+        cfg, params, tokenizer = _MODEL["model"]
+        prompts = {kind: np.array([tokenizer.encode(chat_prompt([], texts[0]))])
+                   for kind, texts in PROMPTS.items()}
+        return "smollm2", cfg, params, prompts, tokenizer
+    except (OSError, ImportError, ValueError):
+        pass
     cfg = STAND_IN
     rng = np.random.default_rng(SEED)
     segment = rng.integers(0, cfg.vocab, size=24)
@@ -206,13 +207,13 @@ def sampling_part(quick):
 # ---------------------------------------------------------------- compute
 
 def compute(quick=False):
-    name, cfg, params, prompts, tokenizer = load_target(quick)
+    name, cfg, params, prompts, tokenizer = load_target()
     n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
     ks = QUICK_KS if quick else KS
     with blas_threads(1) as before:  # one thread: two wait for each other on a busy machine
         longest = max(prompts.values(), key=lambda p: p.shape[1])
         verify = verify_costs(params, cfg, longest, QUICK_VERIFY_KS if quick else VERIFY_KS,
-                              repeats=3 if quick else 5)
+                              repeats=2 if quick else 5)
         kinds = []
         for kind, prompt in prompts.items():
             plain = plain_run(params, cfg, prompt, n)
