@@ -232,3 +232,23 @@ def test_cosine_lr_errors():
         tl.cosine_lr(0, max_lr=1.0, warmup=0, total=10, min_lr=2.0)
     with pytest.raises(ValueError, match="max_lr"):
         tl.cosine_lr(0, max_lr=-1.0, warmup=0, total=10)
+
+
+def test_adamw_blocks_do_not_change_the_bits(monkeypatch):
+    """step() cuts every array into blocks (flat runs, or rows of packed views and of a
+    column-major tok_emb); blocks of 7 numbers give the same bits as one block per array."""
+    import transformer_lab.training.optim as optim
+    cfg = tl.llama_config(vocab=40, d_model=16, n_heads=2, n_kv_heads=1, n_layers=2, d_ff=24,
+                          max_seq=8, tie_embeddings=True, dtype=np.float32)
+    results = []
+    for chunk in (1 << 30, 7):
+        monkeypatch.setattr(optim, "_CHUNK", chunk)
+        params = tl.pack_weights(tl.init_params(cfg, seed=0), cfg)  # views, and tok_emb in F
+        opt = tl.AdamW(params, lr=1e-2, weight_decay=0.1)
+        rng = np.random.default_rng(1)
+        for _ in range(3):
+            grads = tl.map_params(lambda a: rng.normal(size=a.shape).astype(a.dtype), params)
+            grads["blocks"][0]["attn"]["wq"] = np.asfortranarray(grads["blocks"][0]["attn"]["wq"])
+            opt.step(grads)
+        results.append([a.copy() for _, a in tl.named_params(params)])
+    assert all(np.array_equal(a, b) for a, b in zip(*results))

@@ -370,8 +370,8 @@ def _add_product(dw, dz, xc, *, tied):
     """dw + the head grad of one chunk (dz^T xc [V, d] tied, else xc^T dz [d, V]); the first
     chunk's product is dw itself, later ones add slice by slice of the vocabulary, so no
     second [V, d] array is made."""
-    if dw is None:
-        return product(dz.T, xc) if tied else product(xc.T, dz)
+    if dw is None:  # a tied grad [V, d] column-major, as pack_weights stores tok_emb
+        return product(xc.T, dz).T if tied else product(xc.T, dz)
     for v0 in range(0, dz.shape[1], _VOCAB_SLICE):
         cols = slice(v0, v0 + _VOCAB_SLICE)
         if tied:

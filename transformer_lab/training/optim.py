@@ -67,6 +67,25 @@ def clip_grad_norm(grads, max_norm) -> float:
 _CHUNK = 1 << 14  # numbers per block of AdamW.step: 5 arrays x 64 KiB (float32) fit in L2
 
 
+def _blocks(*arrays):
+    """Matching blocks (views) of same-shaped arrays, about _CHUNK numbers each. Arrays all
+    in one contiguous order (C, or F as a tied tok_emb and its grad) are cut as flat runs;
+    others (packed views, mixed orders) by rows of the first array's outer axis."""
+    if all(a.flags.c_contiguous for a in arrays) or all(a.flags.f_contiguous for a in arrays):
+        flat = [a.reshape(-1, order="A") for a in arrays]  # views, in memory order
+        for i in range(0, flat[0].size, _CHUNK):
+            yield [a[i:i + _CHUNK] for a in flat]
+        return
+    if arrays[0].ndim == 0:
+        yield arrays
+        return
+    if arrays[0].ndim >= 2 and arrays[0].strides[0] < arrays[0].strides[-1]:
+        arrays = [a.T for a in arrays]  # the first array's outer axis first
+    rows = max(1, _CHUNK // max(1, arrays[0][:1].size))
+    for i in range(0, arrays[0].shape[0], rows):
+        yield [a[i:i + rows] for a in arrays]
+
+
 def _adamw_block(p, g, m, v, buf, consts, decay):
     """One AdamW update of a block of p in place (its moments m, v too), torch's formula in
     torch's order; buf is scratch of p's shape. See AdamW for the formula."""
@@ -152,26 +171,21 @@ class AdamW:
         consts = (1.0 - lr * self.weight_decay, 1.0 - beta1, 1.0 - beta2, beta2,
                   math.sqrt(1.0 - beta2 ** t), self.eps, lr / (1.0 - beta1 ** t))
         for name, p in self._params.items():
-            g, m, v = leaves[name], self.m[name], self.v[name]
             decay = bool(self.weight_decay) and p.ndim >= 2
-            # The update reads and writes p, g, m and v in blocks of about _CHUNK numbers
-            # along the first axis, each block through all of its ~14 passes while it sits
-            # in the core's L2 cache: one trip through memory per array, not 14. Each
-            # number gets the same operations in the same order as torch's, so the bits do
-            # not depend on the block size.
-            rows = max(1, _CHUNK // max(1, p[:1].size)) if p.ndim else 1
             buf = self._scratch(p.dtype)
-            for i in range(0, max(1, p.shape[0] if p.ndim else 1), rows):
-                at = slice(i, i + rows) if p.ndim else ...
-                pb = p[at]
-                _adamw_block(pb, g[at], m[at], v[at], buf[:pb.size].reshape(pb.shape),
-                             consts, decay)
+            # The update reads and writes p, g, m and v in blocks of about _CHUNK numbers,
+            # each block through all of its 14 passes while it sits in the core's L2 cache:
+            # one trip through memory per array, not 14. Each number gets the same
+            # operations in the same order as torch's, so the bits do not depend on the
+            # blocks.
+            for pb, gb, mb, vb in _blocks(p, leaves[name], self.m[name], self.v[name]):
+                _adamw_block(pb, gb, mb, vb, buf[:pb.size].reshape(pb.shape), consts, decay)
 
     def _scratch(self, dtype):
-        """One scratch block per dtype, for the largest block step() hands _adamw_block."""
+        """One scratch block per dtype, as large as the largest block _blocks yields."""
         flat = self._buffers.get(dtype)
         if flat is None:
-            size = max(min(a.size, max(_CHUNK, a[:1].size if a.ndim else 1))
+            size = max(min(a.size, max(_CHUNK, max(a.shape, default=1)))
                        for a in self._params.values() if a.dtype == dtype)
             flat = self._buffers[dtype] = np.empty(size, dtype=dtype)
         return flat
