@@ -312,3 +312,6 @@ def blas_threads(n: int):
     finally:
         if previous is not None:
             set_blas_threads(previous)
+
+
+from .memory import training_memory  # noqa: E402  (the ledger; it uses nothing above)

@@ -349,6 +349,7 @@ def head_loss_and_backward(x, params, cfg: Config, targets, n_targets, *, frozen
             dw = _add_product(dw, z, xc, tied=cfg.tie_embeddings)
             if cfg.bias:
                 db = z.sum(axis=0) if db is None else db + z.sum(axis=0)
+        del z  # before the next chunk's product: one [rows, V] buffer at a time
     grads = {}
     if not frozen:
         if dw is None:  # nothing supervised here (a micro-batch of prompts only)

@@ -1,0 +1,93 @@
+"""The memory ledger of a training step: what params, grads, optimizer state and
+activations occupy, counted from the config the way Korthikanti et al. (2022, "Reducing
+Activation Recomputation in Large Transformer Models") count them: numbers per layer and
+per token, times the bytes of a number. Tested against tracemalloc's peak of one
+loss_and_grads call (tests/training/test_memory.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import Config
+from ..params import named_params, param_shapes
+
+OPTIMIZERS = {"adamw": 2, "sgd": 0}  # state arrays per trainable number: AdamW's m and v
+
+
+def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
+                    optimizer="adamw", dtype=np.float32) -> dict:
+    """Bytes of one training step of loss_and_grads on [batch, seq] tokens, every position
+    supervised, packed params as load_gguf and pack_weights give them:
+
+    b = bytes per number (dtype); N = batch * seq tokens; L layers; d model width; H, G
+    query and K/V heads of size D; F the MLP width; V the vocabulary; P the params.
+
+    - "params" = P * b.
+    - "grads" = P * b, or with a LoRA only its adapters', L * sum over targets of
+      r * (in + out) numbers.
+    - "optimizer" = 2 * (trainable numbers) * b for AdamW (m and v), 0 for SGD.
+    - "activations": the most that one loss_and_grads holds besides the grads. The head
+      runs first, when only its own grad exists, and the blocks' backward after, when
+      the grads fill up, so the peak is the larger of two phases:
+        head phase   = kept + head + (V * d, the head's grad, unless LoRA)
+        blocks phase = kept + recomputed + transient + (all the grads),
+      less the grads, where
+        kept, what the backward reads, held from the forward to the end: without
+          checkpointing, per layer per token
+            4d (attn_in, resid_mid, mlp_in, resid_post)
+          + (H + 2G)D (the packed Q/K/V product, kept alive by v, a view of it)
+          + (H + G)D (q and k after RoPE)  + HD (the merged heads)
+          + 3F (the packed gate/up product and silu(gate) * up)
+          (a LoRA on wv makes v its own array, GD, and frees the packed product; on
+          exactly one of w_gate and w_up it adds F), plus d per token (the embedding)
+          and 3d per token (the final norm's input, output and gradient);
+          with checkpointing only d per layer per token (each block's input) + 3d;
+        recomputed: with checkpointing, one layer's kept numbers (the block recomputed
+          just before its backward), else 0;
+        transient: the larger of the attention backward's 2 * batch * H * seq^2
+          numbers (the weights P and dS) + 2 * (H / G) * seq^2 bytes of masks
+          + 6 * N * HD numbers, and the MLP backward's 6 * N * F numbers;
+        head: one chunk of min(N, LOSS_ROWS) rows of logits, [rows, V] (its gradient
+          is made in the same buffer), and when there is more than one chunk, a full
+          step's [8192, d] slice of a later chunk's head grad.
+    - "total" = the sum of the four.
+
+    What is left out (each under 1 % of SmolLM2's total at T >= 96): norms' and
+    RoPE's small tables, the AdamW block scratch, Python objects.
+    """
+    from ..training.backward import _VOCAB_SLICE, LOSS_ROWS
+
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if cfg.attention == "mla":
+        raise ValueError("training_memory counts standard attention, not attention='mla'")
+    b = np.dtype(dtype).itemsize
+    N = int(batch) * int(seq)
+    d, H, G, D, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
+                           cfg.vocab, cfg.n_layers)
+    P = sum(int(np.prod(s)) for _, s in named_params(param_shapes(cfg)))
+    targets = () if lora is None else tuple(lora.targets)
+    trainable = P if lora is None else sum(a.size for _, a in named_params(lora.adapters))
+
+    qkv = (H + 2 * G) * D if "wv" not in targets else G * D  # v's storage
+    rotated = (H + G) * D if cfg.pos == "rope" else 0
+    mlp = 0 if cfg.mlp == "none" else 3 * F if cfg.mlp == "swiglu" else 2 * F
+    if cfg.mlp == "swiglu" and (("w_gate" in targets) != ("w_up" in targets)):
+        mlp += F
+    norms = 4 * d if cfg.mlp != "none" else 2 * d
+    per_layer = norms + qkv + rotated + H * D + mlp  # numbers per token
+    kept = N * (4 * d + (L * per_layer if not checkpoint else L * d)) * b
+    recomputed = N * per_layer * b if checkpoint else 0
+    attention = 2 * int(batch) * H * int(seq) ** 2 * b + 2 * (H // G) * int(seq) ** 2 \
+        + 6 * N * H * D * b
+    transient = max(attention, 6 * N * F * b)
+    head = min(N, LOSS_ROWS) * V * b
+    if N > LOSS_ROWS and lora is None:
+        head += min(V, _VOCAB_SLICE) * d * b
+    grads = trainable * b
+    peak = max(kept + head + (0 if lora is not None else V * d * b),
+               kept + recomputed + transient + grads)
+    ledger = {"params": P * b, "grads": grads, "optimizer": OPTIMIZERS[optimizer] * grads,
+              "activations": peak - grads}
+    ledger["total"] = sum(ledger.values())
+    return ledger
