@@ -17,12 +17,14 @@ from .bench_model import (make_params, memory_report, mid_config, run_decode, ru
 from .bench_online import print_online, run_online
 from .bench_serving import print_serving, run_serving, serving_targets
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
+from .bench_finetune import print_finetune, run_finetune
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
-SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative")
-# What a run without --only covers: serving, online and speculative need the real model
+SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative",
+            "finetune")
+# What a run without --only covers: serving, online, speculative and finetune need the real model
 # (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), so they
 # run when named (python -m benchmarks --only serving).
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
@@ -238,6 +240,12 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
                                      peak_repeats=profile.peak_repeats, use_torch=use_torch)
         results["load"]["after_train"] = load_average()
         print_train(out, results["train"])
+
+    if "finetune" in sections:
+        results["finetune"] = run_finetune(repeats=2 if profile.name == "quick" else 3,
+                                           use_torch=use_torch)
+        results["load"]["after_finetune"] = load_average()
+        print_finetune(out, results["finetune"])
 
     if "serving" in sections:
         results["serving"] = run_serving(small_m=profile.name != "quick")

@@ -1,8 +1,9 @@
 """The same Llama-style model in PyTorch eager, built from a transformer_lab params dict,
 and one training step of it.
 
-Only imported when PyTorch is installed. Written for the configs the benchmark
-uses: RMSNorm, SwiGLU, interleaved RoPE, grouped K/V heads, no biases, untied head.
+Only imported when PyTorch is installed. Written for the configs the benchmarks
+use: RMSNorm, SwiGLU, interleaved RoPE, grouped K/V heads, no biases, the head tied
+(SmolLM2) or not.
 """
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from transformer_lab import rope_angles
 
 
 def supports(cfg):
-    return (cfg.norm == "rms" and cfg.mlp == "swiglu" and cfg.pos == "rope" and not cfg.bias
-            and not cfg.tie_embeddings)
+    return cfg.norm == "rms" and cfg.mlp == "swiglu" and cfg.pos == "rope" and not cfg.bias
 
 
 class TorchModel:
@@ -23,7 +23,7 @@ class TorchModel:
 
     def __init__(self, params, cfg, threads=None):
         if not supports(cfg):
-            raise ValueError("the PyTorch reference covers RMSNorm + SwiGLU + RoPE, no biases, untied head")
+            raise ValueError("the PyTorch reference covers RMSNorm + SwiGLU + RoPE, no biases")
         if threads is not None:
             torch.set_num_threads(int(threads))
         self.cfg = cfg
@@ -36,7 +36,7 @@ class TorchModel:
                         "w_gate": t(b["mlp"]["w_gate"]), "w_up": t(b["mlp"]["w_up"]),
                         "w_down": t(b["mlp"]["w_down"])} for b in params["blocks"]]
         self.final_norm = t(params["final_norm"]["weight"])
-        self.w_head = t(params["lm_head"]["w"])
+        self.w_head = None if cfg.tie_embeddings else t(params["lm_head"]["w"])
 
     def _rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps) * w
@@ -73,7 +73,8 @@ class TorchModel:
             x = x + att.transpose(1, 2).reshape(B, T, H * D) @ p["wo"]
             h = self._rms(x, p["mlp_norm"])
             x = x + (F.silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]
-        return self._rms(x, self.final_norm) @ self.w_head
+        head = self.tok_emb.T if self.w_head is None else self.w_head
+        return self._rms(x, self.final_norm) @ head
 
 
 class TorchTrainer:
@@ -84,7 +85,7 @@ class TorchTrainer:
     def __init__(self, params, cfg, *, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1, clip=1.0,
                  threads=None):
         if not supports(cfg):
-            raise ValueError("the PyTorch reference covers RMSNorm + SwiGLU + RoPE, no biases, untied head")
+            raise ValueError("the PyTorch reference covers RMSNorm + SwiGLU + RoPE, no biases")
         if threads is not None:
             torch.set_num_threads(int(threads))
         copy = {name: torch.tensor(np.array(a), requires_grad=True)
@@ -112,13 +113,13 @@ class TorchTrainer:
         targets = torch.from_numpy(np.asarray(targets, dtype=np.int64))
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
 
-    def step(self, tokens, targets):
+    def step(self, tokens, targets, clip=True):
         self.opt.zero_grad(set_to_none=True)
         loss = self._loss(tokens, targets)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip) if clip else None
         self.opt.step()
-        return float(loss.detach()), float(norm)
+        return float(loss.detach()), None if norm is None else float(norm)
 
 
 def _named(tree):
