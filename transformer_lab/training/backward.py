@@ -173,7 +173,7 @@ def linear_backward(dy, x, p, w, b, lora=None):
     dx = product(dy2, p[w].T)  # [N, in]
     grads = {}
     if lora is None:
-        grads[w] = product(x2.T, dy2)  # [in, out]
+        grads[w] = weight_grad(x2, dy2, p[w])  # [in, out]
         if b in p:
             grads[b] = dy2.sum(axis=0)  # [out]
     elif w in lora[0]:
@@ -183,6 +183,15 @@ def linear_backward(dy, x, p, w, b, lora=None):
                     "B": product((product(x2, A) * scale).T, dy2)}  # [r, out]
         dx += product(du, A.T)
     return dx.reshape(*x.shape), grads
+
+
+def weight_grad(x2, dy2, w):
+    """x2^T dy2 [in, out], laid out in memory as the weight w is: packed params store their
+    matrices [out, in] row-major (a column-major [in, out]), and a grad in the same order
+    lets AdamW stream the weight, its grad and its moments as flat runs."""
+    if w.flags.f_contiguous and not w.flags.c_contiguous:
+        return product(dy2.T, x2).T  # [in, out], column-major
+    return product(x2.T, dy2)
 
 
 def norm_backward(dy, x, p, cfg: Config, frozen=False):
@@ -346,7 +355,7 @@ def head_loss_and_backward(x, params, cfg: Config, targets, n_targets, *, frozen
         z[at, tc] -= inv_n  # dz = dloss (softmax - onehot) / n  [c, V]
         dx2[r] = product(z, w.T)  # [c, d]
         if not frozen:
-            dw = _add_product(dw, z, xc, tied=cfg.tie_embeddings)
+            dw = _add_product(dw, z, xc, w, tied=cfg.tie_embeddings)
             if cfg.bias:
                 db = z.sum(axis=0) if db is None else db + z.sum(axis=0)
         del z  # before the next chunk's product: one [rows, V] buffer at a time
@@ -367,12 +376,13 @@ def head_loss_and_backward(x, params, cfg: Config, targets, n_targets, *, frozen
 _VOCAB_SLICE = 8192  # columns per product when a later chunk adds into the head's grad
 
 
-def _add_product(dw, dz, xc, *, tied):
-    """dw + the head grad of one chunk (dz^T xc [V, d] tied, else xc^T dz [d, V]); the first
-    chunk's product is dw itself, later ones add slice by slice of the vocabulary, so no
-    second [V, d] array is made."""
-    if dw is None:  # a tied grad [V, d] column-major, as pack_weights stores tok_emb
-        return product(xc.T, dz).T if tied else product(xc.T, dz)
+def _add_product(dw, dz, xc, w, *, tied):
+    """dw + the head grad of one chunk (dz^T xc [V, d] tied, else xc^T dz [d, V]), in the
+    memory order of the table (w = tok_emb.T when tied, else the head); the first chunk's
+    product is dw itself, later ones add slice by slice of the vocabulary, so no second
+    [V, d] array is made."""
+    if dw is None:
+        return weight_grad(xc, dz, w).T if tied else weight_grad(xc, dz, w)
     for v0 in range(0, dz.shape[1], _VOCAB_SLICE):
         cols = slice(v0, v0 + _VOCAB_SLICE)
         if tied:
