@@ -325,9 +325,13 @@ def step_seconds(params, cfg, batch, decodes, seed=SEED):
 class RecordingLLM(LLM):
     """The engine, keeping every logits row it samples from (per request index)."""
 
-    def _sample(self, seq, logits):
-        self.logits_seen.setdefault(seq.index, []).append(np.array(logits))
-        return super()._sample(seq, logits)
+    def _pick(self, chunks, logits):
+        row = 0
+        for chunk in chunks:  # no speculation here: one row per chunk that picks a token
+            if chunk.sample:
+                self.logits_seen.setdefault(chunk.seq.index, []).append(np.array(logits[row]))
+                row += 1 + len(chunk.drafts)
+        return super()._pick(chunks, logits)
 
 
 def invariance(params, cfg, prompts, outs, runs, tokens, batch_invariant):
