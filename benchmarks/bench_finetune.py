@@ -136,20 +136,21 @@ def print_finetune(out, r):
               caption=f"{r['params']:,} params, {r['lora_params']:,} in the adapters. BLAS "
                       f"threads {r['blas_threads']}. Timing: {r['timing']}.")
     mib = lambda b: f"{b / 2**20:,.1f}"  # noqa: E731
-    lrows = [[("LoRA" if e["lora"] else "full") + (" + checkpoint" if e["checkpoint"] else ""),
+    lrows = [[("LoRA" if e["lora"] else "full") + (" + ckpt" if e["checkpoint"] else ""),
               mib(e["params"]), mib(e["grads"]), mib(e["optimizer"]), mib(e["activations"]),
               mib(e["activations"] + e["grads"]), mib(e["traced_peak"]),
               f"{(e['activations'] + e['grads']) / e['traced_peak']:.2f}"]
              for e in r["ledger"]]
     out.table(["step", "params", "grads", "AdamW", "activations", "acts + grads",
                "traced peak", "ratio"], lrows,
-              caption="MiB. Predicted by measure.training_memory; traced peak: tracemalloc "
-                      "during one loss_and_grads call, above what was held before.")
+              caption="MiB. ckpt: checkpoint=True. Predicted by measure.training_memory; traced "
+                      "peak: tracemalloc during one loss_and_grads call, above what was held "
+                      "before.")
     notes = [f"AdamW.step takes {r['adamw_over_bare']:.2f}x one bare pass over its four arrays.",
              f"A LoRA step takes {r['lora_over_full']:.2f} of a full step's time."]
     if "torch" in r:
         notes.insert(0, f"The full step takes {r['full_over_torch']:.2f}x PyTorch's "
-                        f"(target 1.5x).")
+                        f"(target at most 1.5x).")
     else:
         notes.insert(0, f"PyTorch row skipped: {r['torch_skipped']}.")
     out.observations(notes)

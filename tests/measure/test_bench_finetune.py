@@ -19,3 +19,12 @@ def test_finetune_section_on_a_tiny_model():
     assert all(e["traced_peak"] > 0 and e["total"] > e["activations"] for e in r["ledger"])
     print_finetune(Output(quiet=True), r)
     print_finetune(Output(quiet=True), {"skipped": "no model"})
+
+
+def test_the_fine_tune_step_has_its_target_row():
+    from benchmarks.suite import FINETUNE_TORCH_RATIO_MAX, evaluate_targets
+    for ratio, met in ((1.2, True), (1.6, False), (None, None)):
+        section = {"full_over_torch": ratio, "torch_skipped": "no torch"}
+        (row,) = [t for t in evaluate_targets({"finetune": section}) if "fine-tune" in t["name"]]
+        assert row["met"] is met and row["target"] == f"<= {FINETUNE_TORCH_RATIO_MAX}x"
+        assert row["measured_text"] == (f"{ratio:.2f}x" if ratio else "skipped: no torch")
