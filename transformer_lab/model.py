@@ -125,7 +125,10 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
             k, v, offset = cache.attended(layer, T)
         record(acts, layer, {"attn.q": q, "attn.k": k, "attn.v": v, "attn.out": out})
         if wants_patterns(acts):
-            pattern = attention_weights(q, k, offset, causal=causal)  # [B, H, T, S]
+            # A StreamingCache's queries each see their own window: it keeps their weights.
+            weights = getattr(cache, "weights", None)
+            pattern = (weights(layer) if weights is not None
+                       else attention_weights(q, k, offset, causal=causal))  # [B, H, T, S]
             record(acts, layer, {"attn.pattern": pattern})
     return _linear(out, a, "wo", "bo", cfg, adapters)  # [B, T, d]
 

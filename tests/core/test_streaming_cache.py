@@ -16,6 +16,17 @@ def stream(params, cfg, cache, tokens, chunk=1):
                            for i in range(0, tokens.shape[1], chunk)], axis=1)
 
 
+class MovedSinks(StreamingCache):
+    """The sinks rotated `gap` positions further back (as demo 21's FarSinks)."""
+
+    def __init__(self, cfg, batch, window, sinks, gap):
+        super().__init__(cfg, batch, window, sinks=sinks)
+        self.gap = np.asarray(gap)[:, None]  # [B, 1]
+
+    def sink_positions(self):
+        return super().sink_positions() - self.gap  # [B, S]
+
+
 @pytest.fixture(scope="module")
 def params():
     return init_params(CFG, seed=3)
@@ -55,13 +66,15 @@ def test_one_layer_equals_recomputing_the_kept_tokens_at_cache_positions(window,
     assert cache.lengths.tolist() == [window + sinks] and cache.seen.tolist() == [20]
 
 
-def test_each_layer_attends_to_the_kept_keys_rotated_by_their_slot(params):
+@pytest.mark.parametrize("gap", [0, 100])
+def test_each_layer_attends_to_the_kept_keys_rotated_by_their_slot(params, gap):
     # Every layer: the output the cache returns is attention over the kept unrotated keys,
-    # each turned by its slot (0 .. n-1), with the new query at the last slot.
+    # each turned by its slot (0 .. n-1), with the new query at the last slot; with the
+    # sinks moved `gap` back, the sinks' keys (and a sink's own query) turned by slot - gap.
     from transformer_lab import attention_reference, rope_angles
     from transformer_lab.positions import apply_rope
     window, sinks = 4, 2
-    cache = StreamingCache(CFG, 1, window, sinks=sinks)
+    cache = MovedSinks(CFG, 1, window, sinks, [gap])
     rng = np.random.default_rng(2)
     G, D, H = CFG.n_kv_heads, CFG.head_dim, CFG.n_heads
     raw_k, raw_v = [], []
@@ -77,8 +90,9 @@ def test_each_layer_attends_to_the_kept_keys_rotated_by_their_slot(params):
         kk = np.concatenate([raw_k[i] for i in held], axis=1)
         vv = np.concatenate([raw_v[i] for i in held], axis=1)
         n = len(held)
-        assert pos.tolist() == [n - 1] and offset == n - 1
-        kk = apply_rope(kk, *rope_angles(np.arange(n), CFG.rope_dim, CFG.rope_base))
+        at = np.arange(n) - np.where(np.arange(n) < sinks, gap, 0)  # the slots' positions
+        assert pos.tolist() == [at[-1]] and offset == n - 1
+        kk = apply_rope(kk, *rope_angles(at, CFG.rope_dim, CFG.rope_base))
         np.testing.assert_allclose(keys, kk, rtol=1e-12, atol=1e-12)
         want = attention_reference(q, kk, vv, n - 1)
         np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
@@ -101,6 +115,62 @@ def test_a_window_alone_differs_from_the_full_cache_once_tokens_leave(params):
     windowed = stream(params, CFG, StreamingCache(CFG, 1, 6, sinks=0), tokens)
     np.testing.assert_allclose(windowed[:, :6], full[:, :6], rtol=1e-12, atol=1e-12)
     assert np.abs(windowed[:, 6:] - full[:, 6:]).max() > 1e-6
+
+
+@pytest.mark.parametrize("window, sinks, chunk", [(5, 2, 3), (4, 0, 7), (3, 4, 16), (6, 1, 1)])
+def test_a_chunk_gives_what_one_token_at_a_time_gives(params, window, sinks, chunk):
+    # The definition is token by token; a chunk must give the same logits, across the first
+    # tokens leaving (and a chunk longer than the window).
+    tokens = np.random.default_rng(7).integers(0, CFG.vocab, size=(2, 29))
+    one = StreamingCache(CFG, 2, window, sinks=sinks)
+    many = StreamingCache(CFG, 2, window, sinks=sinks)
+    np.testing.assert_allclose(stream(params, CFG, many, tokens, chunk=chunk),
+                               stream(params, CFG, one, tokens), rtol=1e-11, atol=1e-11)
+    assert many.lengths.tolist() == one.lengths.tolist() == [window + sinks] * 2
+    for layer in range(CFG.n_layers):  # and they hold the same keys in the same slots
+        np.testing.assert_allclose(many.k[layer], one.k[layer], rtol=1e-11, atol=1e-11)
+
+
+def test_chunks_of_rows_with_their_own_sinks_windows_and_sink_positions(params):
+    tokens = np.random.default_rng(8).integers(0, CFG.vocab, size=(3, 26))
+    args = (CFG, 3, [8, 5, 6], [0, 3, 2], [0, 0, 500])
+    one, many = MovedSinks(*args), MovedSinks(*args)
+    streamed = stream(params, CFG, one, tokens)
+    np.testing.assert_allclose(stream(params, CFG, many, tokens, chunk=5), streamed,
+                               rtol=1e-11, atol=1e-11)
+    near = stream(params, CFG, StreamingCache(CFG, 1, 6, sinks=2), tokens[2:])
+    assert np.abs(streamed[2:, 2:] - near[:, 2:]).max() > 1e-4  # the moved sinks matter
+
+
+def test_weights_by_slot_are_each_query_s_own_step(params):
+    # attn.pattern of a chunk: query i's weights over the slots its own step holds, as a
+    # one-token step records them.
+    from transformer_lab import ActivationRecord
+    tokens = np.random.default_rng(9).integers(0, CFG.vocab, size=(2, 20))
+    one, many = StreamingCache(CFG, 2, 5, sinks=2), StreamingCache(CFG, 2, 5, sinks=2)
+    stream(params, CFG, one, tokens[:, :9]), stream(params, CFG, many, tokens[:, :9])
+    acts = ActivationRecord(patterns=True)
+    forward(params, CFG, tokens[:, 9:15], cache=many, acts=acts)
+    for i in range(6):
+        single = ActivationRecord(patterns=True)
+        forward(params, CFG, tokens[:, 9 + i:10 + i], cache=one, acts=single)
+        for layer in range(CFG.n_layers):
+            name = f"blocks[{layer}].attn.pattern"
+            assert acts[name].shape == (2, CFG.n_heads, 6, 7)
+            np.testing.assert_allclose(acts[name][:, :, i], single[name][:, :, 0],
+                                       rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(acts["blocks[1].attn.pattern"].sum(-1), 1.0, rtol=1e-12)
+
+
+def test_learned_positions_stream_in_chunks_too():
+    from transformer_lab import gpt2_config
+    cfg = gpt2_config(vocab=97, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq=64,
+                      dtype=np.float64)
+    p = init_params(cfg, seed=1)
+    tokens = np.random.default_rng(10).integers(0, cfg.vocab, size=(1, 30))
+    np.testing.assert_allclose(stream(p, cfg, StreamingCache(cfg, 1, 6, sinks=2), tokens, 4),
+                               stream(p, cfg, StreamingCache(cfg, 1, 6, sinks=2), tokens),
+                               rtol=1e-11, atol=1e-11)
 
 
 def test_runs_past_max_seq_where_a_kv_cache_cannot(params):
@@ -137,7 +207,7 @@ def test_bad_window_or_sinks_is_one_clear_line(args, kwargs, message):
         StreamingCache(CFG, 2, *args, **kwargs)
 
 
-def test_bad_batch_mla_and_oversized_chunks_are_one_clear_line(params):
+def test_bad_batch_mla_and_non_causal_are_one_clear_line(params):
     with pytest.raises(ValueError, match="^StreamingCache: batch must be a positive int, got 0$"):
         StreamingCache(CFG, 0, 4)
     mla = llama_config(vocab=97, d_model=32, n_heads=4, n_layers=1, d_ff=64, max_seq=64,
@@ -146,8 +216,8 @@ def test_bad_batch_mla_and_oversized_chunks_are_one_clear_line(params):
     with pytest.raises(ValueError, match="^StreamingCache: MLA configs are not supported"):
         StreamingCache(mla, 1, 4)
     cache = StreamingCache(CFG, 1, 4, sinks=4)
-    with pytest.raises(ValueError, match="^StreamingCache: 5 new tokens exceed the window of 4"):
-        forward(params, CFG, np.zeros((1, 5), dtype=np.int64), cache=cache)
+    with pytest.raises(ValueError, match="^StreamingCache: attention is causal"):
+        forward(params, CFG, np.zeros((1, 5), dtype=np.int64), cache=cache, causal=False)
     with pytest.raises(ValueError, match="batch 1, tokens have batch 2"):
         forward(params, CFG, np.zeros((2, 1), dtype=np.int64), cache=cache)
     with pytest.raises(ValueError, match="use_rope=False with a cache that rotates its own keys"):
