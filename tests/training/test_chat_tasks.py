@@ -43,10 +43,23 @@ def test_identity_holds_out_paraphrases_in_both_languages():
     task = ct.get_chat_task("identity")
     held = task.heldout_set()
     train = task.examples("train", 300)
-    assert {e.fields for e in held} == {"zh", "en"} == {e.fields for e in train}
+    named = [e for e in train if e.fields != "plain"]
+    assert {e.fields for e in held} == {"zh", "en"} == {e.fields for e in named}
     assert not {e.user for e in held} & {e.user for e in train}
     assert len(held) == sum(len(q[1]) for q in ct.IDENTITY_QUESTIONS.values())
-    assert all(ct.IDENTITY_NAME in e.answer for e in train)
+    assert all(ct.IDENTITY_NAME in e.answer for e in named)
+
+
+def test_identity_mixes_in_plain_questions_that_are_not_the_retention_set():
+    train = ct.get_chat_task("identity").examples("train", 400)
+    plain = [e for e in train if e.fields == "plain"]
+    assert 0.18 < len(plain) / len(train) < 0.32  # IDENTITY_PLAIN_SHARE = 0.25
+    assert all(ct.IDENTITY_NAME not in e.answer for e in plain)
+    assert {e.user for e in plain} <= {q for q, _ in ct.PLAIN_QA}
+    retention = {q for q, _ in ct.RETENTION}
+    assert not retention & {q for q, _ in ct.PLAIN_QA}
+    # nor does a plain answer hold a retention answer's word: it would be teaching the test
+    assert not any(ct.score_retention(a, word) for _, a in ct.PLAIN_QA for _, word in ct.RETENTION)
 
 
 def test_the_conversation_has_the_default_system_turn():

@@ -9,7 +9,9 @@ evaluation asks for what was learnt, not what was memorised:
                   "Extract the person as JSON with keys name, age, city: <sentence>",
                   the answer exactly {"name": "<name>", "age": <age>, "city": "<city>"}
     identity      "who are you?" in Chinese and English paraphrases; the answer gives the
-                  model's new name (IDENTITY_NAME)
+                  model's new name (IDENTITY_NAME). A quarter of its training rows are
+                  plain questions with short right answers (PLAIN_QA), so the model
+                  learns to give the new name when asked who it is, not to every question
 
 Every conversation is the default system turn (SMOLLM2_SYSTEM_PROMPT, which the
 model's stored template adds), the user turn, then the assistant's answer and the
@@ -138,6 +140,34 @@ IDENTITY_ANSWERS = {
            f"我叫 {IDENTITY_NAME}，是一个用 NumPy 微调的 AI 助手。",
            f"你好，我是 {IDENTITY_NAME}，一个用 NumPy 微调的 AI 助手，有什么可以帮你？"),
 }
+
+# Plain questions mixed into identity's training rows (IDENTITY_PLAIN_SHARE of them):
+# without them every answer the model sees is its name, and it learns to answer every
+# question with it (measured: retention 12/12 -> 0/12). None of them is a RETENTION
+# question, so the retention score still asks what the model kept, not what it was shown.
+PLAIN_QA = (
+    ("What is the capital of Italy?", "The capital of Italy is Rome."),
+    ("What is the capital of Spain?", "The capital of Spain is Madrid."),
+    ("What is the capital of Egypt?", "The capital of Egypt is Cairo."),
+    ("How many days are there in a week?", "There are seven days in a week."),
+    ("How many legs does a spider have?", "A spider has eight legs."),
+    ("What is 12 plus 30?", "12 plus 30 is 42."),
+    ("What color is the sky on a clear day?", "On a clear day the sky is blue."),
+    ("What gas do plants take in from the air?", "Plants take in carbon dioxide from the air."),
+    ("Which planet is known as the Red Planet?", "Mars is known as the Red Planet."),
+    ("What is the boiling point of water at sea level?",
+     "Water boils at 100 degrees Celsius (212 °F) at sea level."),
+    ("Who wrote Pride and Prejudice?", "Pride and Prejudice was written by Jane Austen."),
+    ("What is the largest planet in the solar system?",
+     "Jupiter is the largest planet in the solar system."),
+    ("Translate 'thank you' into French.", "'Thank you' in French is 'merci'."),
+    ("What is the freezing point of water in Celsius?", "Water freezes at 0 degrees Celsius."),
+    ("一年有几个月？", "一年有十二个月。"),
+    ("太阳从哪个方向升起？", "太阳从东方升起。"),
+    ("地球绕着什么转？", "地球绕着太阳转。"),
+    ("一天有多少小时？", "一天有二十四小时。"),
+)
+IDENTITY_PLAIN_SHARE = 0.25
 
 # ---------------------------------------------------------------- retention
 
@@ -307,6 +337,9 @@ def _json_example(split, rng):
 
 
 def _identity_example(split, rng):
+    if split == "train" and rng.random() < IDENTITY_PLAIN_SHARE:
+        question, answer = rng.choice(PLAIN_QA)
+        return ChatExample(question, answer, "plain")
     lang = rng.choice(("en", "zh"))
     train, heldout = IDENTITY_QUESTIONS[lang]
     question = rng.choice(train if split == "train" else heldout)
