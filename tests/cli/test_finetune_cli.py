@@ -141,3 +141,15 @@ def test_a_model_too_short_for_the_task_is_one_line(tmp_path, capsys):
     write_tiny_model(tmp_path / "short.npz", max_seq=64)
     err = _usage_error(["--init", str(tmp_path / "short.npz"), "--task", "json-extract"], capsys)
     assert "its context of 64 tokens is too short for json-extract" in err
+
+
+def test_the_progress_line_prints_a_fine_tunes_tens_of_tokens_per_second(capsys):
+    from transformer_lab.cli.train_loop import Progress
+    rows = [{"step": s, "loss": 1.0, "grad_norm": 0.5, "lr": 1e-3, "seconds": 2.0,
+             "tokens_per_s": rate} for s, rate in ((1, 40.0), (2, 2600.0))]
+    progress = Progress(0, 2)
+    for row in rows[:1]:
+        progress.update(row)
+    assert "40 tok/s" in capsys.readouterr().out  # not "0.0k tok/s"
+    progress.update(rows[1])
+    assert "1.3k tok/s" in capsys.readouterr().out  # the mean of the last steps' rates

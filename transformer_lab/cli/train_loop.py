@@ -111,8 +111,8 @@ class Progress:
         self.recent.append((row["tokens_per_s"] * row["seconds"], row["seconds"]))
         rate = sum(t for t, _ in self.recent) / sum(s for _, s in self.recent)  # last 10 steps
         norm = "skip" if row["grad_norm"] is None else f"{row['grad_norm']:.2f}"  # loss scaler
-        stats = (f"loss {row['loss']:.3f} |g| {norm} lr {row['lr']:.1e} "
-                 f"{rate / 1000:.1f}k tok/s")
+        speed = f"{rate / 1000:.1f}k" if rate >= 1000 else f"{rate:.0f}"  # a fine-tune: tens
+        stats = f"loss {row['loss']:.3f} |g| {norm} lr {row['lr']:.1e} {speed} tok/s"
         if "left_s" in row and self.bar is None:  # the bar shows its own time left
             stats += f" {row['left_s'] / 60:.1f} min left"
         if self.bar is not None:
