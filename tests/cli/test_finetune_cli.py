@@ -77,6 +77,24 @@ def test_minutes_stop_the_run_by_the_clock(tiny_model, tmp_path, capsys, monkeyp
     assert lrs[-1] < 0.2 * 2e-3 and lrs[-3:] == sorted(lrs[-3:], reverse=True)  # lr 2e-3
 
 
+def test_a_plan_made_on_slow_first_steps_grows_when_the_steps_get_faster(
+        tiny_model, tmp_path, monkeypatch):
+    # Steps 1-3 take 10 s each, later ones 1 s (a shared machine that goes quiet): the run
+    # re-plans after each step, so it fills its minute instead of stopping at the first plan.
+    times, now = [], 0.0
+    for step in range(200):
+        tick = 10 / 4 if step < 3 else 1 / 4  # four clock readings a step
+        for _ in range(4):
+            times.append(now)
+            now += tick
+    clock = iter(times)
+    monkeypatch.setattr(finetune, "clock", lambda: float(next(clock)))
+    assert train.main(["--init", str(tiny_model[0]), *FAST, "--eval", "0", "--lora", "2",
+                       "--minutes", "1", "--out", str(tmp_path / "m")]) == 0
+    history = json.loads((tmp_path / "m" / "history.json").read_text())["history"]
+    assert len(history) > 20 and 55 < history[-1]["elapsed"] <= 61  # the first plan: 6 steps
+
+
 def test_ctrl_c_saves_whole_files_and_exits_130(tiny_model, tmp_path, capsys, monkeypatch):
     path = tiny_model[0]
     real_step = finetune.train_step

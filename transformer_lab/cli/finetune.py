@@ -7,8 +7,9 @@ train.py parses and checks the options (resolve_finetune); this file runs them:
 3. train: full (AdamW over every weight) or LoRA (AdamW over the adapters only), each
    step one padded batch of conversations with the loss on the answers; with --minutes
    the number of steps, and so the cosine schedule, is planned from the measured step
-   time (after PROBE_STEPS, then again every REPLAN_EVERY steps), and the clock stops
-   the run when the time is up whatever the plan said;
+   time (after PROBE_STEPS, then again after every step, so a run whose steps get
+   faster or slower, as on a shared machine, still fills its minutes), and the clock
+   stops the run when the time is up whatever the plan said;
 4. save DIR/model.npz (merged weights, config, tokenizer) and, with --lora,
    DIR/adapter.npz, then score the same sets again, with the engine running the saved
    model.npz alone, and print before beside after.
@@ -32,7 +33,6 @@ from .train_loop import (ADAPTER_FILE, HISTORY, MODEL_FILE, Interrupted, Progres
 
 SMOLLM2 = "smollm2"  # --init's name for the installed default model
 PROBE_STEPS = 3  # steps timed before the first plan (the first one is slower: caches, pages)
-REPLAN_EVERY = 10
 MAX_WARMUP = 10  # a --minutes run's warmup: a tenth of its planned steps, at most this
 clock = time.perf_counter  # the training loop's clock (a test may replace it)
 
@@ -150,7 +150,7 @@ def run_finetune(args, parser) -> int:
                 elapsed = clock() - t0
                 if step == 1:
                     first_seconds = elapsed
-                if budget is not None and (step == PROBE_STEPS or step % REPLAN_EVERY == 0):
+                if budget is not None and step >= PROBE_STEPS:
                     total = plan_steps(step, elapsed, first_seconds, budget, args.steps)
                     if not args.warmup_given:
                         args.warmup = min(MAX_WARMUP, max(1, total // 10))
