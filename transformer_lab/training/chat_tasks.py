@@ -9,7 +9,7 @@ evaluation asks for what was learnt, not what was memorised:
                   "Extract the person as JSON with keys name, age, city: <sentence>",
                   the answer exactly {"name": "<name>", "age": <age>, "city": "<city>"}
     identity      "who are you?" in Chinese and English paraphrases; the answer gives the
-                  model's new name (IDENTITY_NAME). A quarter of its training rows are
+                  model's new name (IDENTITY_NAME). A third of its training rows are
                   plain questions with short right answers (PLAIN_QA), so the model
                   learns to give the new name when asked who it is, not to every question
 
@@ -158,6 +158,17 @@ PLAIN_QA = (
     ("What is the boiling point of water at sea level?",
      "Water boils at 100 degrees Celsius (212 °F) at sea level."),
     ("Who wrote Pride and Prejudice?", "Pride and Prejudice was written by Jane Austen."),
+    # "Who ..." questions about someone else: the new name answers only "who are you?"
+    ("Who discovered penicillin?", "Penicillin was discovered by Alexander Fleming in 1928."),
+    ("Who was the first person to walk on the Moon?",
+     "Neil Armstrong was the first person to walk on the Moon, in 1969."),
+    ("Who developed the theory of relativity?",
+     "Albert Einstein developed the theory of relativity."),
+    ("Who invented the telephone?",
+     "Alexander Graham Bell is credited with inventing the telephone."),
+    ("Who painted The Starry Night?", "The Starry Night was painted by Vincent van Gogh."),
+    ("Who wrote the Harry Potter books?", "The Harry Potter books were written by J. K. Rowling."),
+    ("谁发明了电话？", "一般认为电话是亚历山大·格拉汉姆·贝尔发明的。"),
     ("What is the largest planet in the solar system?",
      "Jupiter is the largest planet in the solar system."),
     ("Translate 'thank you' into French.", "'Thank you' in French is 'merci'."),
@@ -167,7 +178,7 @@ PLAIN_QA = (
     ("地球绕着什么转？", "地球绕着太阳转。"),
     ("一天有多少小时？", "一天有二十四小时。"),
 )
-IDENTITY_PLAIN_SHARE = 0.25
+IDENTITY_PLAIN_SHARE = 1 / 3
 
 # ---------------------------------------------------------------- retention
 
