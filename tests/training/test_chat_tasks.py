@@ -9,8 +9,13 @@ from transformer_lab.pretrained.chat_template import END_OF_TURN, SMOLLM2_SYSTEM
 from transformer_lab.training import chat_tasks as ct
 
 
+def own(examples):
+    """The task's own examples, the rehearsal rows (fields "plain") left out."""
+    return [e for e in examples if e.fields != "plain"]
+
+
 def test_json_extract_strings_are_exact():
-    for ex in ct.get_chat_task("json-extract").examples("train", 50):
+    for ex in own(ct.get_chat_task("json-extract").examples("train", 50)):
         name, age, city = ex.fields["name"], ex.fields["age"], ex.fields["city"]
         assert ex.user.startswith("Extract the person as JSON with keys name, age, city: ")
         assert ex.answer == f'{{"name": "{name}", "age": {age}, "city": "{city}"}}'
@@ -25,7 +30,7 @@ def _template_of(example):
 
 def test_json_extract_holds_out_whole_templates():
     task = ct.get_chat_task("json-extract")
-    train = set().union(*map(_template_of, task.examples("train", 400)))
+    train = set().union(*map(_template_of, own(task.examples("train", 400))))
     held = set().union(*map(_template_of, task.heldout_set(200)))
     assert train == set(range(ct.TRAIN_TEMPLATES))  # every train template is used
     assert held == set(range(ct.TRAIN_TEMPLATES, len(ct.JSON_TEMPLATES)))
@@ -43,19 +48,22 @@ def test_identity_holds_out_paraphrases_in_both_languages():
     task = ct.get_chat_task("identity")
     held = task.heldout_set()
     train = task.examples("train", 300)
-    named = [e for e in train if e.fields != "plain"]
+    named = own(train)
     assert {e.fields for e in held} == {"zh", "en"} == {e.fields for e in named}
     assert not {e.user for e in held} & {e.user for e in train}
     assert len(held) == sum(len(q[1]) for q in ct.IDENTITY_QUESTIONS.values())
     assert all(ct.IDENTITY_NAME in e.answer for e in named)
 
 
-def test_identity_mixes_in_plain_questions_that_are_not_the_retention_set():
-    train = ct.get_chat_task("identity").examples("train", 400)
-    plain = [e for e in train if e.fields == "plain"]
-    assert 0.27 < len(plain) / len(train) < 0.40  # IDENTITY_PLAIN_SHARE = 1/3
-    assert all(ct.IDENTITY_NAME not in e.answer for e in plain)
-    assert {e.user for e in plain} <= {q for q, _ in ct.PLAIN_QA}
+def test_training_rows_mix_in_plain_questions_that_are_not_the_retention_set():
+    for name in ct.CHAT_TASKS:
+        task = ct.get_chat_task(name)
+        train = task.examples("train", 400)
+        plain = [e for e in train if e.fields == "plain"]
+        assert 0.27 < len(plain) / len(train) < 0.40  # PLAIN_SHARE = 1/3
+        assert all(ct.IDENTITY_NAME not in e.answer and "{" not in e.answer for e in plain)
+        assert {e.user for e in plain} <= {q for q, _ in ct.PLAIN_QA}
+        assert not [e for e in task.heldout_set() if e.fields == "plain"]  # scored: own only
     retention = {q for q, _ in ct.RETENTION}
     assert not retention & {q for q, _ in ct.PLAIN_QA}
     # nor does a plain answer hold a retention answer's word: it would be teaching the test

@@ -9,9 +9,13 @@ evaluation asks for what was learnt, not what was memorised:
                   "Extract the person as JSON with keys name, age, city: <sentence>",
                   the answer exactly {"name": "<name>", "age": <age>, "city": "<city>"}
     identity      "who are you?" in Chinese and English paraphrases; the answer gives the
-                  model's new name (IDENTITY_NAME). A third of its training rows are
-                  plain questions with short right answers (PLAIN_QA), so the model
-                  learns to give the new name when asked who it is, not to every question
+                  model's new name (IDENTITY_NAME)
+
+In both, PLAIN_SHARE of the training rows are plain questions with short right
+answers (PLAIN_QA): rehearsal, so the model learns to answer the task's questions
+the new way and every other question as before (without them, measured: json-extract
+answered "What is the capital of France?" with {"capital": "France", ...}, and
+identity answered "Who wrote Romeo and Juliet?" with its new name).
 
 Every conversation is the default system turn (SMOLLM2_SYSTEM_PROMPT, which the
 model's stored template adds), the user turn, then the assistant's answer and the
@@ -141,10 +145,13 @@ IDENTITY_ANSWERS = {
            f"你好，我是 {IDENTITY_NAME}，一个用 NumPy 微调的 AI 助手，有什么可以帮你？"),
 }
 
-# Plain questions mixed into identity's training rows (IDENTITY_PLAIN_SHARE of them):
-# without them every answer the model sees is its name, and it learns to answer every
-# question with it (measured: retention 12/12 -> 0/12). None of them is a RETENTION
-# question, so the retention score still asks what the model kept, not what it was shown.
+# ---------------------------------------------------------------- rehearsal
+
+# Plain questions mixed into every task's training rows (PLAIN_SHARE of them): without
+# them every answer the model sees is the task's, and it learns to answer every question
+# that way (measured: identity alone took retention from 12/12 to 0/12). None of them
+# is a RETENTION question, nor holds a retention answer's word, so the retention score
+# still asks what the model kept, not what it was shown.
 PLAIN_QA = (
     ("What is the capital of Italy?", "The capital of Italy is Rome."),
     ("What is the capital of Spain?", "The capital of Spain is Madrid."),
@@ -168,7 +175,16 @@ PLAIN_QA = (
      "Alexander Graham Bell is credited with inventing the telephone."),
     ("Who painted The Starry Night?", "The Starry Night was painted by Vincent van Gogh."),
     ("Who wrote the Harry Potter books?", "The Harry Potter books were written by J. K. Rowling."),
+    ("Who built the first successful airplane?",
+     "The Wright brothers, Orville and Wilbur, built the first successful airplane."),
+    ("Who was Cleopatra?", "Cleopatra was the last active ruler of ancient Egypt."),
+    ("Who composed the Four Seasons?", "The Four Seasons was composed by Antonio Vivaldi."),
+    ("What is the square root of 81?", "The square root of 81 is 9."),
+    ("Name three primary colors.", "The three primary colors are red, yellow and blue."),
+    ("What is the tallest mountain in the world?",
+     "Mount Everest is the tallest mountain in the world."),
     ("谁发明了电话？", "一般认为电话是亚历山大·格拉汉姆·贝尔发明的。"),
+    ("谁写了《红楼梦》？", "《红楼梦》的作者是曹雪芹。"),
     ("What is the largest planet in the solar system?",
      "Jupiter is the largest planet in the solar system."),
     ("Translate 'thank you' into French.", "'Thank you' in French is 'merci'."),
@@ -178,7 +194,7 @@ PLAIN_QA = (
     ("地球绕着什么转？", "地球绕着太阳转。"),
     ("一天有多少小时？", "一天有二十四小时。"),
 )
-IDENTITY_PLAIN_SHARE = 1 / 3
+PLAIN_SHARE = 1 / 3
 
 # ---------------------------------------------------------------- retention
 
@@ -286,7 +302,8 @@ def score_retention(reply: str, expected: str) -> bool:
 class ChatTask:
     """A chat fine-tuning task: seeded train examples, a fixed held-out set, a scorer.
 
-    examples(split, n, seed) gives n ChatExamples from "train" or "heldout";
+    examples(split, n, seed) gives n ChatExamples from "train" (PLAIN_SHARE of them plain
+    rehearsal questions, fields "plain") or "heldout" (the task's own only);
     batch(tokenizer, batch_size, rng) a padded training batch (tokens, targets);
     score(reply, example) the metrics of one reply, each True or False.
     """
@@ -301,7 +318,8 @@ class ChatTask:
             raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
         n = check_int(n, "n", low=1)
         rng = random.Random(f"{self.name}/{split}/{seed}")
-        return [self._make(split, rng) for _ in range(n)]
+        return [self._make(split, rng) if split == "heldout" or rng.random() >= PLAIN_SHARE
+                else _plain_example(rng) for _ in range(n)]
 
     def batch(self, tokenizer, batch_size, rng, pad_id=None):
         """A training batch of batch_size conversations; rng: a numpy Generator."""
@@ -338,6 +356,11 @@ class ChatTask:
         return {"scores": result, "replies": got, "retention_replies": kept}
 
 
+def _plain_example(rng):
+    question, answer = rng.choice(PLAIN_QA)
+    return ChatExample(question, answer, "plain")
+
+
 def _json_example(split, rng):
     templates = JSON_TEMPLATES[:TRAIN_TEMPLATES] if split == "train" \
         else JSON_TEMPLATES[TRAIN_TEMPLATES:]
@@ -348,9 +371,6 @@ def _json_example(split, rng):
 
 
 def _identity_example(split, rng):
-    if split == "train" and rng.random() < IDENTITY_PLAIN_SHARE:
-        question, answer = rng.choice(PLAIN_QA)
-        return ChatExample(question, answer, "plain")
     lang = rng.choice(("en", "zh"))
     train, heldout = IDENTITY_QUESTIONS[lang]
     question = rng.choice(train if split == "train" else heldout)
