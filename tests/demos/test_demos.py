@@ -115,6 +115,34 @@ def test_export_writes_a_file(tmp_path, suffix):
     assert len(text) > 500
 
 
+def exit_status(main, argv, capsys):
+    """(status, stdout, stderr) of main(argv) run in-process, as its script would exit:
+    argparse's usage errors raise SystemExit. The real processes' exit codes are checked
+    by the subprocess tests above and below."""
+    capsys.readouterr()
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def run_all_main(argv):
+    import run_all
+    return run_all.main(argv)
+
+
+def demo_main(number):
+    """The demo's script main (demos/NN_name.py), in-process."""
+    from _common import run_demo
+    module = next(d for d in DEMOS if d.NUMBER == number)
+    return lambda argv: run_demo(module, argv)
+
+
+demo_03_main = demo_main(3)
+
+
 def option_names(parser):
     return [action.option_strings[-1] for action in parser._actions
             if action.option_strings and action.dest != "help"]
@@ -143,11 +171,11 @@ def test_run_all_unknown_option_lists_its_real_options():
     (["--lang", "fr"], "zh, en"),
     (["--export", "out.pdf"], ".svg"),
 ])
-def test_run_all_bad_options_exit_2_with_one_line(args, needle):
-    out = run("run_all.py", *args)
-    assert out.returncode == 2
-    assert needle in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+def test_run_all_bad_options_exit_2_with_one_line(args, needle, capsys):
+    status, _, err = exit_status(run_all_main, args, capsys)
+    assert status == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_bad_language_from_the_environment_exits_2():
@@ -196,34 +224,35 @@ def _bad_export_paths(tmp_path):
             (str(tmp_path / "x.svg"), "is a directory")]
 
 
-@pytest.mark.parametrize("script", ["run_all.py", "demos/03_causal_mask.py"])
-def test_bad_export_paths_are_checked_before_any_demo_runs(tmp_path, script):
+@pytest.mark.parametrize("main", [run_all_main, demo_03_main], ids=["run_all", "demo_03"])
+def test_bad_export_paths_are_checked_before_any_demo_runs(tmp_path, main, capsys):
     for path, problem in _bad_export_paths(tmp_path):
-        out = run(script, "--lang", "en", "--export", path)
-        assert out.returncode == 2, (path, out.stderr)
-        assert problem in out.stderr and path in out.stderr
-        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
-        assert out.stdout == "", "nothing ran"
+        status, out, err = exit_status(main, ["--lang", "en", "--export", path], capsys)
+        assert status == 2, (path, err)
+        assert problem in err and path in err
+        assert len(err.strip().splitlines()) == 1, err
+        assert out == "", "nothing ran"
 
 
-def test_bad_export_dir_is_checked_before_any_demo_runs(tmp_path):
+def test_bad_export_dir_is_checked_before_any_demo_runs(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     for path, problem in [(str(tmp_path / "file"), "not a directory"), ("/proc/slides", "cannot write")]:
-        out = run("run_all.py", "--export-dir", path)
-        assert out.returncode == 2 and problem in out.stderr, out.stderr
-        assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
+        status, out, err = exit_status(run_all_main, ["--export-dir", path], capsys)
+        assert status == 2 and problem in err, err
+        assert len(err.strip().splitlines()) == 1 and out == ""
 
 
 @pytest.mark.parametrize("args", [["--export", "j.svg"], ["--export-dir", "slides"]])
-def test_json_with_an_export_exits_2_naming_the_conflict(tmp_path, args):
-    out = subprocess.run([sys.executable, str(ROOT / "run_all.py"), "--json", *args], cwd=tmp_path,
-                         capture_output=True, text=True, encoding="utf-8", env=ENV, timeout=120)
-    assert out.returncode == 2
-    assert "--json" in out.stderr and args[0] in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+def test_json_with_an_export_exits_2_naming_the_conflict(tmp_path, args, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the relative export paths would land here
+    status, _, err = exit_status(run_all_main, ["--json", *args], capsys)
+    assert status == 2
+    assert "--json" in err and args[0] in err
+    assert len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == [], "nothing written"
-    out = run("demos/01_soft_lookup.py", "--json", "--export", str(tmp_path / "j.svg"))
-    assert out.returncode == 2 and "--json" in out.stderr and "--export" in out.stderr
+    status, _, err = exit_status(demo_main(1), ["--json", "--export", str(tmp_path / "j.svg")],
+                                 capsys)
+    assert status == 2 and "--json" in err and "--export" in err
 
 
 def test_export_dir_writes_one_file_per_demo(tmp_path):
