@@ -147,6 +147,13 @@ def test_the_loading_line_names_the_file_whose_stem_is_served(monkeypatch, capsy
     assert MODEL_FILE.endswith(".gguf")  # served as the stem, as /v1/models lists it
 
 
+def test_a_fine_tunes_model_file_is_served_by_its_runs_name(tmp_path):
+    from transformer_lab.serve.__main__ import served_name
+    assert served_name(tmp_path / "runs" / "json" / "model.npz") == "json"
+    assert served_name(tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf") == "SmolLM2-135M-Instruct-Q4_1"
+    assert served_name(tmp_path / "mine.npz") == "mine"
+
+
 def test_help_lists_the_options():
     text = build_parser().format_help()
     for option in ("--host", "--port", "--model", "--api-key", "--max-num-seqs", "--block-size",

@@ -67,7 +67,8 @@ def build_parser():
     parser.add_argument("--model", metavar="PATH", type=non_empty_path,
                         help="a llama-architecture GGUF file (default: the installed SmolLM2)")
     parser.add_argument("--served-model-name", metavar="NAME",
-                        help="the model's name in the API (default: the GGUF file's stem)")
+                        help="the model's name in the API (default: the file's stem; for a "
+                             "fine-tune's runs/DIR/model.npz, DIR)")
     parser.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV),
                         help=f"require `Authorization: Bearer KEY` on /v1/ routes (default: "
                              f"${API_KEY_ENV}, else none)")
@@ -133,7 +134,17 @@ def load_engine(args):
     if args.kv_cache_memory is not None:
         options["kv_cache_memory"] = args.kv_cache_memory
     llm = LLM(path, dtype=np.dtype(args.dtype).type, **options)
-    return llm, args.served_model_name or Path(path).stem
+    return llm, args.served_model_name or served_name(path)
+
+
+def served_name(path) -> str:
+    """The model's default name in the API: the file's stem (SmolLM2-135M-Instruct-Q4_1),
+    or, for a fine-tune's runs/DIR/model.npz, the run's directory (DIR): every fine-tune
+    writes a file of that one name."""
+    path = Path(path)
+    if path.name == "model.npz" and path.parent.name:
+        return path.parent.name
+    return path.stem
 
 
 def main(argv=None) -> int:
