@@ -105,7 +105,8 @@ def run_finetune(*, repeats=3, use_torch=True, model=None, B=B, T=T):
     for use_lora in (False, True):
         for checkpoint in (False, True):
             adapters = lora if use_lora else None
-            predicted = training_memory(cfg, B, T, lora=adapters, checkpoint=checkpoint)
+            predicted = training_memory(cfg, B, T, lora=adapters, checkpoint=checkpoint,
+                                        supervised=int((targets >= 0).sum()))
             _, peak = peak_traced_bytes(lambda: loss_and_grads(
                 params, cfg, tokens, targets, lora=adapters, checkpoint=checkpoint))
             ledger.append({"lora": use_lora, "checkpoint": checkpoint, **predicted,

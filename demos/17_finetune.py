@@ -231,7 +231,8 @@ def ledger(params, cfg, tokens, targets, quick):
     for name, use_lora, ckpt in runs:
         lora = LoRA.init(params, cfg, rank=RANK, alpha=ALPHA, targets=LoRA.ALL_LINEAR,
                          seed=SEED) if use_lora else None
-        predicted = training_memory(cfg, B, T, lora=lora, checkpoint=ckpt)
+        predicted = training_memory(cfg, B, T, lora=lora, checkpoint=ckpt,
+                                    supervised=int((targets >= 0).sum()))
         _, peak = peak_traced_bytes(
             lambda: loss_and_grads(params, cfg, tokens, targets, lora=lora, checkpoint=ckpt))
         rows.append({"run": name, **{k: int(v) for k, v in predicted.items()},

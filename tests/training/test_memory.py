@@ -16,10 +16,15 @@ CFG = llama_config(vocab=4096, d_model=96, n_heads=2, n_kv_heads=1, n_layers=16,
 PARAMS = pack_weights(init_params(CFG), CFG)
 
 
-def traced(B, T, lora, checkpoint):
+def traced(B, T, lora, checkpoint, answer=None):
+    """tracemalloc's peak of one loss_and_grads; answer: only each row's last `answer`
+    positions supervised (a chat fine-tune's loss mask), else every position."""
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, CFG.vocab, size=(B, T))
-    _, peak = peak_traced_bytes(lambda: loss_and_grads(PARAMS, CFG, tokens, np.roll(tokens, -1, 1),
+    targets = np.roll(tokens, -1, 1)
+    if answer is not None:
+        targets[:, :T - answer] = -1
+    _, peak = peak_traced_bytes(lambda: loss_and_grads(PARAMS, CFG, tokens, targets,
                                                        lora=lora, checkpoint=checkpoint))
     return peak
 
@@ -32,6 +37,21 @@ def test_the_ledger_agrees_with_tracemalloc(B, T, lora_on, checkpoint):
     ledger = training_memory(CFG, B, T, lora=lora, checkpoint=checkpoint)
     peak = traced(B, T, lora, checkpoint)
     assert abs(ledger["activations"] + ledger["grads"] - peak) <= 0.25 * peak
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "checkpoint"])
+def test_the_ledger_counts_only_supervised_rows_in_the_head(checkpoint):
+    # A chat fine-tune supervises the answer only: 2 rows x 20 of 96 positions. The head's
+    # logits chunk is then [40, V], not [192, V]; every-position counting over-predicts.
+    lora = LoRA.init(PARAMS, CFG, rank=8, targets=LoRA.ALL_LINEAR)
+    peak = traced(2, 96, lora, checkpoint, answer=20)
+    ledger = training_memory(CFG, 2, 96, lora=lora, checkpoint=checkpoint, supervised=40)
+    assert abs(ledger["activations"] + ledger["grads"] - peak) <= 0.25 * peak
+    every = training_memory(CFG, 2, 96, lora=lora, checkpoint=checkpoint)
+    assert every == training_memory(CFG, 2, 96, lora=lora, checkpoint=checkpoint, supervised=192)
+    assert every["activations"] >= ledger["activations"]
+    with pytest.raises(ValueError, match=r"supervised must be an int in \[0, 192\], got 193"):
+        training_memory(CFG, 2, 96, supervised=193)
 
 
 def test_checkpointing_cuts_the_activations_to_a_third_at_t_1024():

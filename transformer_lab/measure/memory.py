@@ -10,17 +10,20 @@ import numpy as np
 
 from ..config import Config
 from ..params import named_params, param_shapes
+from ..validate import check_int
 
 OPTIMIZERS = {"adamw": 2, "sgd": 0}  # state arrays per trainable number: AdamW's m and v
 
 
 def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
-                    optimizer="adamw", dtype=np.float32) -> dict:
-    """Bytes of one training step of loss_and_grads on [batch, seq] tokens, every position
-    supervised, packed params as load_gguf and pack_weights give them:
+                    optimizer="adamw", dtype=np.float32, supervised=None) -> dict:
+    """Bytes of one training step of loss_and_grads on [batch, seq] tokens, packed params
+    as load_gguf and pack_weights give them; `supervised` positions have a target (the
+    rest -1, as a chat fine-tune's prompt; default every position):
 
-    b = bytes per number (dtype); N = batch * seq tokens; L layers; d model width; H, G
-    query and K/V heads of size D; F the MLP width; V the vocabulary; P the params.
+    b = bytes per number (dtype); N = batch * seq tokens, S of them supervised; L layers;
+    d model width; H, G query and K/V heads of size D; F the MLP width; V the
+    vocabulary; P the params.
 
     - "params" = P * b.
     - "grads" = P * b, or with a LoRA only its adapters', L * sum over targets of
@@ -47,7 +50,7 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
         transient: the larger of the attention backward's 2 * batch * H * seq^2
           numbers (the weights P and dS) + 2 * (H / G) * seq^2 bytes of masks
           + 6 * N * HD numbers, and the MLP backward's 6 * N * F numbers;
-        head: one chunk of min(N, LOSS_ROWS) rows of logits, [rows, V] (its gradient
+        head: one chunk of min(S, LOSS_ROWS) rows of logits, [rows, V] (its gradient
           is made in the same buffer), and when there is more than one chunk, a full
           step's [8192, d] slice of a later chunk's head grad.
     - "total" = the sum of the four.
@@ -63,6 +66,7 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
         raise ValueError("training_memory counts standard attention, not attention='mla'")
     b = np.dtype(dtype).itemsize
     N = int(batch) * int(seq)
+    S = N if supervised is None else check_int(supervised, "supervised", low=0, high=N)
     d, H, G, D, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
                            cfg.vocab, cfg.n_layers)
     P = sum(int(np.prod(s)) for _, s in named_params(param_shapes(cfg)))
@@ -81,8 +85,8 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
     attention = 2 * int(batch) * H * int(seq) ** 2 * b + 2 * (H // G) * int(seq) ** 2 \
         + 6 * N * H * D * b
     transient = max(attention, 6 * N * F * b)
-    head = min(N, LOSS_ROWS) * V * b
-    if N > LOSS_ROWS and lora is None:
+    head = min(S, LOSS_ROWS) * V * b  # only supervised rows reach the head
+    if S > LOSS_ROWS and lora is None:
         head += min(V, _VOCAB_SLICE) * d * b
     grads = trainable * b
     peak = max(kept + head + (0 if lora is not None else V * d * b),
