@@ -8,7 +8,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGUFValueType as V  # noqa: E402
 from tiny_gguf import NORMAL, TOKENS, llama_metadata, model_file, tiny, write_gguf  # noqa: E402,F401
 
-from transformer_lab import find_model, load_gguf  # noqa: E402
+from transformer_lab import find_model  # noqa: E402
 from transformer_lab.cli import chat  # noqa: E402
 from transformer_lab.pretrained import gguf as gguf_loader  # noqa: E402
 
@@ -120,9 +120,8 @@ def test_chat_conversation_longer_than_the_context_exits_1(model_file):
 # ---------------------------------------------------------------- on the real model
 
 @needs_real_model
-def test_real_model_session_keeps_earlier_turns(monkeypatch, capsys):
-    model = load_gguf(REAL_MODEL)
-    monkeypatch.setattr(chat, "load_model", lambda path: model)
+def test_real_model_session_keeps_earlier_turns(smollm2, monkeypatch, capsys):
+    monkeypatch.setattr(chat, "load_model", lambda path: smollm2)  # loaded once per run
     lines = iter([FRANCE, "And of Germany?", "exit"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
     args = chat.build_parser().parse_args(["--greedy", "--max-new-tokens", "8"])

