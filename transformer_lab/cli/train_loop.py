@@ -98,7 +98,10 @@ class Progress:
             self.bar.stop()
 
     def print(self, text):
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        # On a terminal, wrap at word boundaries (not mid-word at the edge); on a pipe, one
+        # line per message, whatever its length, for whoever reads it.
+        self.console.print(text, markup=False, highlight=False,
+                           soft_wrap=not self.console.is_terminal)
 
     def set_total(self, total):
         """A new planned total (a --minutes run re-plans as it measures its steps)."""
