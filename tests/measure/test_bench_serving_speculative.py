@@ -55,12 +55,17 @@ def test_the_int8_pool_is_printed_beside_the_float32_one():
         tokens_per_s={"one_by_one": 10.0, "static": 30.0, "mixed": 60.0, "int8_kv": 55.0},
         kv_pool={"mixed": {"kv_cache_dtype": "auto", "num_blocks": 100, "bytes": 2**20},
                  "int8_kv": {"kv_cache_dtype": "int8", "num_blocks": 371, "bytes": 2**20 - 64}},
-        int8_kv={"tokens": 100, "same": 97, "agree": 0.97, "identical": 1, "requests": 2,
-                 "parted": [{"request": 1, "at": 57, "gap": 0.0123}]})
+        int8_kv={"tokens": 100, "same": 90, "agree": 0.90, "identical": 1, "requests": 2,
+                 "parted": [{"request": 1, "at": 57, "gap": 0.0123}]},
+        int8_kv_forced={"tokens": 100, "same": 99, "agree": 0.99, "misses": []})
     bench_serving.print_serving(Capture(quiet=True), r)
     headers, rows, caption = next(t for t in tables if t[0][0] == "KV pool")
-    assert rows[1][:2] == ["int8", "371 (3.71x)"] and rows[1][4].startswith("97.0 %")
-    assert caption.endswith("0.012")
+    assert headers[4:] == ["greedy, by position", "teacher-forced top-1"]
+    assert rows[1][:2] == ["int8", "371 (3.71x)"] and rows[1][4].startswith("90.0 %")
+    assert rows[1][5] == "99.00 %" and caption.endswith("1@57: 0.0123")
+    met = {t["name"].split(": ", 1)[1]: t["met"] for t in bench_serving.serving_targets(r)}
+    assert met["int8 KV pool's blocks in the float32 pool's memory"] is True
+    assert met["int8 pool's greedy tokens as float32's (by position)"] is False
 
 
 def test_hf_baseline_is_skipped_without_torch():

@@ -5,7 +5,7 @@ import pytest
 
 from serve_helpers import model, no_leaks, prompts
 from transformer_lab import llama_config
-from transformer_lab.measure.agreement import greedy_agreement
+from transformer_lab.measure.agreement import forced_agreement, greedy_agreement
 from transformer_lab.serve import LLM, SamplingParams
 from transformer_lab.serve.model_runner import PagedKVPool
 
@@ -96,6 +96,24 @@ def test_greedy_agreement_is_counted_position_by_position():
     a = greedy_agreement(params, cfg, [[1, 2, 3], [4, 5]], [[7, 8, 9], [1, 2]], [[7, 8, 9], [1, 3]])
     assert (a["tokens"], a["same"], a["identical"]) == (5, 4, 1)
     assert [(p["request"], p["at"]) for p in a["parted"]] == [(1, 1)] and a["parted"][0]["gap"] >= 0
+
+
+def test_teacher_forced_agreement_judges_each_position_in_the_references_context():
+    cfg, params = model("llama_gqa")
+    ps = prompts(cfg)
+    sp = SamplingParams(max_tokens=12, temperature=0)
+    llm = LLM.from_params(cfg, params, block_size=4, num_blocks=200)
+    llm.generate(ps[:1], sp, use_tqdm=False)  # request numbers no longer start at 0
+    greedy = [o.outputs[0].token_ids for o in llm.generate(ps, sp, use_tqdm=False)]
+    same = forced_agreement(llm, ps, greedy, sp)  # its own greedy tokens: every position agrees
+    assert (same["tokens"], same["same"], same["misses"]) == (12 * len(ps), 12 * len(ps), [])
+    edited = [list(t) for t in greedy]
+    edited[1][3] = (edited[1][3] + 1) % cfg.vocab  # a token the model would not pick
+    forced = forced_agreement(llm, ps, edited, sp)
+    miss = next(m for m in forced["misses"] if (m["request"], m["at"]) == (1, 3))
+    assert miss["margin"] < 0 and miss["gap"] > 0
+    assert all(m["request"] == 1 and m["at"] >= 3 for m in forced["misses"])
+    no_leaks(llm)
 
 
 @pytest.mark.parametrize("bad", ["fp8", "INT8", None, 8])
