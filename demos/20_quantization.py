@@ -120,7 +120,10 @@ TEXT = {
                        "{R} 个请求，各贪心生成 {n} 个 token。",
         "obs_engine": "同样 {mem}B 内存，int8 池有 {b8} 块，float32 池 {b32} 块（{x}×）；{R} 个请求的"
                       "贪心输出中 {pct}% 的 token 与 float32 相同（{whole}/{R} 个请求完全相同）。",
-        "obs_parted": "分歧处 float32 模型自己的前两名 logit 只差 {gaps}：几乎平局，任何舍入都可能改变它。",
+        "obs_parted": "分歧处 float32 模型自己的前两名 logit 很接近（请求@输出位置: 差）：{gaps}；几乎平局，"
+                      "任何舍入都可能改变它，此后两次运行从不同的文字继续。",
+        "obs_forced": "另一种看法（teacher forcing）：把 float32 的 token 喂给 int8 池，每个位置都在同样的上下文里"
+                      "比较，它自己的 top-1 在 {pct}% 的位置与 float32 相同（{miss} 处不同）。",
         "obs_not_parted": "没有一个请求分歧。",
     },
     "en": {
@@ -181,8 +184,12 @@ TEXT = {
         "obs_engine": "In the same {mem}B the int8 pool holds {b8} blocks, the float32 one {b32} "
                       "({x}×); the greedy outputs of {R} requests agree with float32's on {pct} % "
                       "of tokens ({whole} of {R} requests throughout).",
-        "obs_parted": "Where they part, the float32 model's own top two logits were only {gaps} "
-                      "apart: near ties that any rounding may tip.",
+        "obs_parted": "Where they part, the float32 model's own top two logits were close "
+                      "(request@output position: gap): {gaps}; near ties that any rounding may "
+                      "tip, and from there the two runs continue from different texts.",
+        "obs_forced": "The other view, teacher forcing: fed float32's tokens, so that every "
+                      "position is judged in the same context, the int8 pool's own top-1 is "
+                      "float32's at {pct} % of positions; it differs at {miss}.",
         "obs_not_parted": "No request parted from float32's tokens.",
     },
 }
@@ -314,7 +321,7 @@ def engine_prompts(name, cfg, tokenizer):
 def engine_part(name, cfg, params, tokenizer, quick):
     """The serving engine with a float32 pool and an int8 one in the same memory: blocks
     held, and the greedy outputs of the same requests compared token by token."""
-    from transformer_lab.measure.agreement import greedy_agreement
+    from transformer_lab.measure.agreement import forced_agreement, greedy_agreement
     from transformer_lab.serve import LLM, SamplingParams
     from transformer_lab.serve.model_runner import PagedKVPool
 
@@ -331,12 +338,19 @@ def engine_part(name, cfg, params, tokenizer, quick):
         runs[dtype] = {"blocks": llm.num_blocks, "bytes": llm.pool.nbytes,
                        "seconds": time.perf_counter() - start,
                        "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
-    agreement = greedy_agreement(params, cfg, prompts, runs["float32"]["tokens"],
-                                 runs["int8"]["tokens"])
+    reference = runs["float32"]["tokens"]
+    agreement = greedy_agreement(params, cfg, prompts, reference, runs["int8"]["tokens"])
+    # The second view: a fresh int8 pool (no prefix cached by the run above) fed float32's
+    # tokens, its own argmax at each position.
+    fresh = LLM.from_params(cfg, params, tokenizer, block_size=KV_BLOCK, kv_cache_memory=memory,
+                            kv_cache_dtype="int8")
+    forced = forced_agreement(fresh, prompts, reference, sp)
     for r in runs.values():
         del r["tokens"]
     return {"memory": memory, "requests": len(prompts), "new_tokens": n, "runs": runs,
-            "block_ratio": runs["int8"]["blocks"] / runs["float32"]["blocks"], **agreement}
+            "block_ratio": runs["int8"]["blocks"] / runs["float32"]["blocks"], **agreement,
+            "forced": {"agree": forced["agree"], "same": forced["same"],
+                       "misses": forced["misses"]}}
 
 
 def compute(quick=False):
@@ -430,9 +444,12 @@ def observations(result, lang):
                                       R=g["requests"], pct=_f(100 * g["agree"], 1),
                                       whole=g["identical"]))
     if g["parted"]:
-        out.append(t["obs_parted"].format(gaps=", ".join(_f(p["gap"], 3) for p in g["parted"])))
+        out.append(t["obs_parted"].format(gaps=", ".join(
+            f"{p['request']}@{p['at']}: {p['gap']:.3f}" for p in g["parted"])))
     else:
         out.append(t["obs_not_parted"])
+    out.append(t["obs_forced"].format(pct=_f(100 * g["forced"]["agree"], 1),
+                                      miss=len(g["forced"]["misses"])))
     return out
 
 

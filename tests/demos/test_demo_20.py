@@ -114,6 +114,13 @@ def test_the_int8_pool_holds_more_blocks_and_its_outputs_are_compared(result):
     text = flat(" ".join(D20.observations(result, "en")))
     assert f"the int8 pool holds {int8['blocks']} blocks, the float32 one {f32['blocks']}" in text
     assert f"on {100 * g['agree']:.1f} % of tokens" in text
+    for p in g["parted"]:
+        assert f"{p['request']}@{p['at']}: {p['gap']:.3f}" in text
+    forced = g["forced"]
+    assert forced["agree"] == forced["same"] / g["tokens"]
+    assert all(m["margin"] < 0 for m in forced["misses"])
+    assert (f"top-1 is float32's at {100 * forced['agree']:.1f} % of positions; "
+            f"it differs at {len(forced['misses'])}.") in text
     none = copy.deepcopy(result)
     none["engine"]["parted"] = []
     assert "No request parted" in " ".join(D20.observations(none, "en"))
