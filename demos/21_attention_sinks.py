@@ -39,7 +39,7 @@ SEED = 21
 TOKENS, QUICK_TOKENS = 2000, 512
 BUDGET = 128  # tokens every bounded variant holds: the window alone, or 4 sinks + 124
 SINKS = 4
-SAMPLES, QUICK_SAMPLES = 32, 8  # positions where the window is also recomputed
+SAMPLES, QUICK_SAMPLES = 64, 8  # positions where the window is also recomputed
 ATTENTION_EVERY = 16  # the attention mass is read at every 16th position past the budget
 CHUNK = 128  # every cache is fed this many tokens at a time
 CHECKED, QUICK_CHECKED = 16, 4  # positions also fed one at a time, to show chunks equal that
@@ -70,13 +70,14 @@ TEXT = {
         "mass_note": "各头平均、各采样位置平均；均匀分配时 token 0 只得 {uniform}。"
                      "“仅窗口”一列是窗口里最旧的那个 token（它此时在位置 0）所得的比例。",
         "ppl_title": "困惑度与缓存大小（{n} 个 token）",
-        "variant": "变体", "held": "K/V 字节", "computed": "计算 token",
+        "variant": "变体", "held": "K/V 字节",
         "ppl_after": "缓存满之后", "ppl_samples": "{r} 个采样", "vs_re": "Δnll 对重算",
         "names": {"full": "完整缓存", "window": "仅窗口", "sinks": "窗口 + 4 个汇点",
                   "recompute": "每步重算窗口", "far": "汇点远 {gap}"},
         "ppl_note": "“缓存满之后”= 位置 {budget}..{last} 的困惑度（最早的 token 已离开）；"
                     "“采样”= 在 {r} 个均匀分布的位置上的困惑度，重算窗口只在这些位置计算"
-                    "（它看到的正是窗口里的 {budget} 个 token）。Δnll = 同一批位置上每个 token 的 nll "
+                    "（它看到的正是窗口里的 {budget} 个 token，每个预测要算 {budget} 个 token，"
+                    "其余变体只算 1 个）。Δnll = 同一批位置上每个 token 的 nll "
                     "减去重算窗口的，平均值 ± 标准误。"
                     "“汇点远 g”：汇点按原始位置放在 g 个位置之前，相当于读了 g 个 token 之后"
                     "仍用原始位置（RoPE 只看距离）。",
@@ -147,14 +148,15 @@ TEXT = {
                      "{uniform}. The window column is the share of the window's oldest token "
                      "(at position 0 by then).",
         "ppl_title": "Perplexity and cache size ({n} tokens)",
-        "variant": "variant", "held": "K/V bytes", "computed": "computed",
+        "variant": "variant", "held": "K/V bytes",
         "ppl_after": "once full", "ppl_samples": "{r} samples", "vs_re": "Δnll vs re",
         "names": {"full": "full cache", "window": "window alone", "sinks": "window + 4 sinks",
                   "recompute": "recompute window", "far": "sinks {gap} back"},
         "ppl_note": "Once full = perplexity over positions {budget}..{last} (the first tokens "
                     "have left); samples = over {r} evenly spaced positions, the only ones where "
                     "the window is recomputed (from exactly the {budget} tokens the window "
-                    "holds). Δnll = nll per token minus the recompute's at the same samples, "
+                    "holds, computing {budget} tokens per prediction where the others compute 1). "
+                    "Δnll = nll per token minus the recompute's at the same samples, "
                     "mean ± standard error. Sinks g back: the sinks placed g positions earlier, "
                     "as original positions would put them after g tokens (RoPE sees only "
                     "distances).",
@@ -580,9 +582,9 @@ def render(result, lang):
     print_text(t["mass_note"].format(uniform=_pct(result["uniform_share"])), style="dim")
 
     print_section(t["ppl_title"].format(n=result["tokens"]))
-    print_table([t["variant"], t["held"], t["computed"], t["ppl_after"],
+    print_table([t["variant"], t["held"], t["ppl_after"],
                  t["ppl_samples"].format(r=len(result["samples"])), t["vs_re"]],
-                [[variant_name(t, v), _mib(v["bytes"]), v["computed"], _f(v["ppl_after"]),
+                [[variant_name(t, v), _mib(v["bytes"]), _f(v["ppl_after"]),
                   _f(v["ppl_samples"]), "-" if v["vs_recompute"] is None
                   else _d(v["vs_recompute"])] for v in result["variants"]])
     print_text(t["ppl_note"].format(budget=budget, last=result["tokens"] - 2,
