@@ -48,6 +48,14 @@ FORMS = {
     OUT_IN: {2: "gemv_rows"},
 }
 _PAD_TO = 8
+# From this many rows, an OUT_IN GEMM reads the weight through its transpose (x @ W, BLAS's
+# trans flag) instead of computing (W^T x^T)^T and copying it to row-major: the copy of a
+# [M, out] result is strided, and for the head (out = 49,152) it cost more than the GEMM.
+# Measured on SmolLM2's shapes (30 layers' four products + the head, 1 BLAS thread, the
+# machine shared at load 6-7, median of 7, two rounds, ms, transposed-and-copied / direct):
+# M=32 438/451, 267/363; M=64 721/680, 534/514; M=128 1526/1359, 1308/1109; M=256 3089/2388,
+# 2297/1757; M=512 6138/4587, 6180/4318 (the head alone at M=512: 1668/893, 1726/910).
+_DIRECT_FROM = 128
 
 
 def storage(w):
@@ -74,8 +82,9 @@ def matmul_rows(x, w):
 
 def product_form(form, x2, w):
     """x2 [M, in] @ w [in, out] by the named form, row-major [M, out]: "gemm" (one call;
-    for OUT_IN storage the weight is on the left, (W^T x^T)^T), "gemv_rows" (one GEMV
-    per row) or "pad8" (one GEMM of the rows padded with zeros to a multiple of 8)."""
+    for OUT_IN storage and 1 < M < _DIRECT_FROM the weight is on the left, (W^T x^T)^T),
+    "gemv_rows" (one GEMV per row) or "pad8" (one GEMM of the rows padded with zeros to a
+    multiple of 8)."""
     if form == "gemv_rows":
         y = np.empty((x2.shape[0], w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
         for i in range(x2.shape[0]):
@@ -83,7 +92,7 @@ def product_form(form, x2, w):
         return y
     if form == "pad8":
         return _fixed_block_product(x2, w, _PAD_TO)
-    if storage(w) == OUT_IN and x2.shape[0] > 1:
+    if storage(w) == OUT_IN and 1 < x2.shape[0] < _DIRECT_FROM:
         return np.ascontiguousarray((w.T @ x2.T).T)
     return x2 @ w
 
