@@ -99,7 +99,7 @@ TEXT = {
                       "一步要 {step}。",
         "obs_break": "最早的 token 离开后，在 {r} 个采样位置上仅窗口的困惑度是 {pw}，而每步重算同样的 "
                      "{budget} 个 token（看到的正是仅窗口看到的）是 {pr}：每个 token 的 nll 差 {d}"
-                     "（成对比较，平均值 ± 标准误）。{verdict}",
+                     "（同一批位置成对比较；平均值 ± 标准误，z 为两者之比）。{verdict}",
         "window_breaks": "差了超过 {k} 个标准误：仅窗口崩了。",
         "window_holds": "反而好了超过 {k} 个标准误：仅窗口没有崩。",
         "window_open": "差不到 {k} 个标准误：这些采样分不出仅窗口崩没崩。",
@@ -181,8 +181,9 @@ TEXT = {
                       "the {rows} rows takes {step}.",
         "obs_break": "Once the first tokens leave, at the {r} samples the window alone scores "
                      "perplexity {pw}, against {pr} for recomputing the same {budget} tokens "
-                     "afresh, which sees exactly what the window sees: nll {d} per token "
-                     "(paired, mean ± standard error). {verdict}",
+                     "afresh, which sees exactly what the window sees: nll {d} per token, "
+                     "paired at the same samples (mean ± standard error; z, their ratio). "
+                     "{verdict}",
         "window_breaks": "Worse by more than {k} standard errors: the window alone breaks.",
         "window_holds": "Better by more than {k} standard errors: the window alone holds up.",
         "window_open": "Within {k} standard errors: these samples cannot tell whether the window "
@@ -473,6 +474,13 @@ def _d(pair):
     return f"{pair['mean']:+.2f} ± {pair['se']:.2f}"
 
 
+def _dz(pair, lang):
+    """A paired difference with its z, the mean in standard errors: "+0.41 ± 0.09 (z = 4.56)"
+    (the verdicts' bar is |z| > SIGNIFICANT, so a reader sees how near it a verdict is)."""
+    z = pair["mean"] / pair["se"] if pair["se"] > 0 else 0.0
+    return _d(pair) + (f"（z = {z:.2f}）" if lang == "zh" else f" (z = {z:.2f})")
+
+
 def _above(pair, k):
     """The difference is positive by more than k standard errors."""
     return pair["mean"] > k * pair["se"]
@@ -532,11 +540,11 @@ def observations(result, lang):
                                   ["rows"], step=_seconds(check["step"]))]
     out.append(t["obs_break"].format(
         r=r, pw=_f(f["window"]["ppl_samples"]), pr=_f(f["re"]["ppl_samples"]), budget=budget,
-        d=_d(f["window"]["vs_recompute"]), verdict=t["window_" + f["window_says"]].format(k=k)))
+        d=_dz(f["window"]["vs_recompute"], lang), verdict=t["window_" + f["window_says"]].format(k=k)))
     repair = "sinks_better" if f["better"] else "sinks_" + f["sinks_say"]
     out.append(t["obs_repair"].format(
-        budget=budget, ps=_f(f["sinks"]["ppl_samples"]), d=_d(f["sinks"]["vs_recompute"]),
-        dw=_d(result["sinks_vs_window"]), m=result["tokens"] - 1 - budget,
+        budget=budget, ps=_f(f["sinks"]["ppl_samples"]), d=_dz(f["sinks"]["vs_recompute"], lang),
+        dw=_dz(result["sinks_vs_window"], lang), m=result["tokens"] - 1 - budget,
         verdict=t[repair].format(k=k)))
     more = t["more"].format(R=SAMPLES) if result["quick"] and result["model"] == "smollm2" else ""
     out.append(t["claim_" + f["claim"]].format(r=r, k=k, more=more))

@@ -105,11 +105,13 @@ def test_observations_quote_the_results(result):
     w, s = v["window"]["vs_recompute"], v["sinks"]["vs_recompute"]
     assert (f"the window alone scores perplexity {v['window']['ppl_samples']:.2f}, against "
             f"{re:.2f} for recomputing the same 32 tokens afresh, which sees exactly what the "
-            f"window sees: nll {w['mean']:+.2f} ± {w['se']:.2f} per token") in text
+            f"window sees: nll {w['mean']:+.2f} ± {w['se']:.2f} (z = {w['mean'] / w['se']:.2f}) "
+            f"per token, paired at the same samples") in text
     sw = result["sinks_vs_window"]
     assert (f"With 4 sinks (still 32 tokens in all): {v['sinks']['ppl_samples']:.2f} at the "
-            f"samples, nll {s['mean']:+.2f} ± {s['se']:.2f} against the recompute; against the "
-            f"window alone {sw['mean']:+.2f} ± {sw['se']:.2f} over all 127 positions") in text
+            f"samples, nll {s['mean']:+.2f} ± {s['se']:.2f} (z = {s['mean'] / s['se']:.2f}) "
+            f"against the recompute; against the window alone {sw['mean']:+.2f} ± "
+            f"{sw['se']:.2f} (z = {sw['mean'] / sw['se']:.2f}) over all 127 positions") in text
     assert sw["mean"] == pytest.approx(np.log(v["sinks"]["ppl_after"] / v["window"]["ppl_after"]))
     says = {"breaks": w["mean"] > 2 * w["se"], "holds": w["mean"] < -2 * w["se"]}
     says["open"] = not (says["breaks"] or says["holds"])
@@ -158,7 +160,7 @@ def test_the_verdicts_follow_the_numbers(result, window, sinks, sinks_vs_window,
     assert (f["window_says"], "better" if f["better"] else f["sinks_say"], f["claim"]) == \
         (window_says, sinks_say, claim)
     text = flat(" ".join(D21.observations(changed, "en")))
-    assert f"nll {window[0]:+.2f} ± {window[1]:.2f} per token" in text
+    assert f"nll {window[0]:+.2f} ± {window[1]:.2f} (z = {window[0] / window[1]:.2f}) per" in text
     words = {"breaks": "the window alone breaks.", "holds": "the window alone holds up.",
              "open": "these samples cannot tell whether the window alone breaks."}
     assert words[window_says] in text
