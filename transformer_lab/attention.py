@@ -8,6 +8,7 @@ sit at different positions: row b's query i is then at position offset[b] + i.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -127,6 +128,15 @@ _MIN_BLOCK_ROWS = 128
 _MAX_BLOCKS = 16
 
 
+@functools.lru_cache(maxsize=8)
+def _hidden_after(n):
+    """Boolean [n, 1, n], read-only: True where key j of a causal block comes after query i.
+    Built once per block size, not once per layer and step."""
+    hidden = ~np.tri(n, dtype=bool)[:, None, :]
+    hidden.flags.writeable = False
+    return hidden
+
+
 def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     """softmax(q k^T * scale + mask) v, with the heads merged: returns [B, T, H*D].
 
@@ -163,7 +173,6 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     qg = qg.reshape(B, G, T * R, D)
     kt = k.transpose(0, 2, 3, 1)  # [B, G, D, S], a view
     vg = v.transpose(0, 2, 1, 3)  # [B, G, S, D], a view
-    out = np.empty((B, T, G, R, Dv), dtype=np.result_type(qg.dtype, k.dtype, v.dtype))
 
     per_row = isinstance(offset, np.ndarray)
     furthest = int(offset.max()) if per_row else offset
@@ -171,7 +180,12 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     if causal:
         n = max(-(-_MIN_BLOCK_ROWS // R), _BLOCK_ELEMS // max(1, B * H * S), -(-T // _MAX_BLOCKS))
         n = max(1, min(T, n))
-        hidden = ~np.tri(n, dtype=bool)[:, None, :]  # [n, 1, n]: block key j is after query i
+    # A block of one query position (every decode step) sees all its keys: no mask to build.
+    hidden = _hidden_after(n) if causal and n > 1 and not per_row else None  # [n, 1, n]
+    # One block (every decode step, a short prefill) returns its own output; several fill
+    # one array.
+    out = None if 0 < T <= n else np.empty((B, T, G, R, Dv), dtype=np.result_type(
+        qg.dtype, k.dtype, v.dtype))
     for t0 in range(0, T, n):
         t1 = min(T, t0 + n)
         rows = t1 - t0
@@ -181,7 +195,7 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
             visible = visible_keys(offset, T, end, causal=causal, rows=(t0, t1))  # [B, rows, end]
             np.copyto(scores.reshape(B, G, rows, R, end), -np.inf,
                       where=~visible[:, None, :, None, :])
-        elif causal and rows > 1:
+        elif hidden is not None and rows > 1:
             # Only the last `rows` keys are in the causal triangle; earlier ones are all visible.
             diag = scores.reshape(B, G, rows, R, end)[..., offset + t0:]
             np.copyto(diag, -np.inf, where=hidden[:rows, :, :rows])
@@ -193,7 +207,10 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
         o = scores @ vg[:, :, :end]  # [B, G, rows*R, Dv]
         o /= total
         # Head h = g*R + r, so [B, T, G, R, Dv] flattens to head 0's Dv values first.
-        out[:, t0:t1] = o.reshape(B, G, rows, R, Dv).transpose(0, 2, 1, 3, 4)
+        o = o.reshape(B, G, rows, R, Dv).transpose(0, 2, 1, 3, 4)  # [B, rows, G, R, Dv]
+        if out is None:  # a view when rows == 1, else one copy
+            return o.reshape(B, T, H * Dv)  # [B, T, H*Dv]
+        out[:, t0:t1] = o
     return out.reshape(B, T, H * Dv)  # [B, T, H*Dv]
 
 

@@ -14,7 +14,7 @@ from .cache import CACHE_CALLS
 from .config import Config
 from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu
 from .params import PACKED_MODULES_BY_KEYS, PackedGroup, check_params
-from .positions import apply_rope, rope_angles, sinusoidal_pe
+from .positions import apply_rope, rope_at, sinusoidal_pe
 from .products import matmul_rows, row_invariant_products  # noqa: F401 (re-exported)
 
 
@@ -48,9 +48,8 @@ def norm(x, p, cfg: Config):
 
 
 def _linear(x, p, w, b, cfg: Config, lora=None):
-    """x @ p[w], plus p[b] when the config has biases, plus w's LoRA update (see _plus_lora)."""
-    y = _plus_lora(matmul_rows(x, p[w]), x, lora, w)
-    return y + p[b] if cfg.bias else y
+    """x @ p[w], plus w's LoRA update and p[b] when the config has biases."""
+    return _plus_extras(matmul_rows(x, p[w]), x, p, w, b, cfg, lora)
 
 
 def _projections(x, group, packed_name, biases, cfg: Config, lora=None):
@@ -63,22 +62,33 @@ def _projections(x, group, packed_name, biases, cfg: Config, lora=None):
     y = matmul_rows(x, packed)  # [..., sum of outs]
     outs, start = [], 0
     for key, bias in zip(keys, biases):
-        width = group[key].shape[1]
-        out = _plus_lora(y[..., start:start + width], x, lora, key)  # [..., width], a view
-        outs.append(out + group[bias] if cfg.bias else out)
-        start += width
+        out = y[..., start:start + group[key].shape[1]]  # [..., width], a view of y
+        outs.append(_plus_extras(out, x, group, key, bias, cfg, lora))
+        start += out.shape[-1]
     return outs
 
 
-def _plus_lora(y, x, lora, w):
-    """y + scale * (x @ A) @ B, the low-rank update of weight w, when lora = (this group's
-    adapters {w: {"A": [in, r], "B": [r, out]}}, scale) holds one (training.LoRA); else y.
-    The merged W + scale * A @ B is never formed: two thin products cost r * (in + out)
-    per row, against in * out for the weight."""
+def _plus_extras(y, x, p, w, b, cfg: Config, lora):
+    """y (x @ p[w], or its columns of a packed product) plus w's LoRA update and p[b] when
+    the config has biases, added in place: y is a product's fresh output, so no
+    temporary is made."""
+    update = _lora_update(x, lora, w)
+    if update is not None:
+        y += update
+    if cfg.bias:
+        y += p[b]
+    return y
+
+
+def _lora_update(x, lora, w):
+    """scale * (x @ A) @ B, the low-rank update of weight w, when lora = (this group's
+    adapters {w: {"A": [in, r], "B": [r, out]}}, scale) holds one (training.LoRA); else
+    None. The merged W + scale * A @ B is never formed: two thin products cost r * (in +
+    out) per row, against in * out for the weight."""
     if lora is None or w not in lora[0]:
-        return y
+        return None
     adapter, scale = lora[0][w], lora[1]
-    return y + matmul_rows(matmul_rows(x, adapter["A"]) * scale, adapter["B"])  # [..., out]
+    return matmul_rows(matmul_rows(x, adapter["A"]) * scale, adapter["B"])  # [..., out]
 
 
 def _lora_of(lora, layer, group):
@@ -107,12 +117,12 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     q = q.reshape(B, T, H, D)  # [B, T, H, D]
     k = k.reshape(B, T, G, D)  # [B, T, G, D]
     v = v.reshape(B, T, G, D)  # [B, T, G, D]
-    if rope is not None:
-        q = apply_rope(q, *rope)
+    if rope is not None:  # q and k are this layer's own fresh arrays: rotated in place
         # A StreamingCache keeps its keys unrotated and turns them by their slot, which
         # moves as tokens leave (cache.py); every other cache stores them rotated.
-        if not getattr(cache, "rotates_keys", False):
-            k = apply_rope(k, *rope)
+        rotated = (q,) if getattr(cache, "rotates_keys", False) else _side_by_side(q, k)
+        for heads in rotated:
+            apply_rope(heads, *rope, out=heads)
     if cache is None:
         offset = 0
         out = attention_core(q, k, v, offset, causal=causal)  # [B, T, H*D]
@@ -133,13 +143,24 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     return _linear(out, a, "wo", "bo", cfg, adapters)  # [B, T, d]
 
 
+def _side_by_side(q, k):
+    """(q and k as one [B, T, H + G, D] view,) when k's heads follow q's in one array, as
+    the packed Q/K/V product's columns do; else (q, k). One rotation then turns both."""
+    B, T, H, D = q.shape
+    if k.dtype != q.dtype or k.strides != q.strides \
+            or k.ctypes.data != q.ctypes.data + H * q.strides[2]:
+        return q, k
+    return (np.lib.stride_tricks.as_strided(q, (B, T, H + k.shape[2], D), q.strides),)
+
+
 def mlp(x, m, cfg: Config, *, acts=None, layer=0, lora=None):
     """The position-wise MLP: SwiGLU down(silu(x W_gate) * x W_up), or down(act(x W_up))."""
     gate, adapters = None, _lora_of(lora, layer, "mlp")
     if cfg.mlp == "swiglu":
         gate, up = _projections(x, m, "w_gate_up", ("b_gate", "b_up"), cfg,
                                 adapters)  # each [B, T, d_ff]
-        hidden = silu(gate) * up
+        hidden = silu(gate)
+        hidden *= up  # in place: silu's output is its own fresh array
     else:
         up = _linear(x, m, "w_up", "b_up", cfg, adapters)  # [B, T, d_ff]
         hidden = gelu(up) if cfg.mlp == "gelu" else gelu_tanh(up)
@@ -241,7 +262,8 @@ def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, 
     if use_rope != (cfg.pos == "rope") and getattr(cache, "rotates_keys", False):
         raise ValueError(f"forward: use_rope={use_rope} with a cache that rotates its own keys "
                          f"as the config says (pos={cfg.pos!r})")
-    rope = rope_angles(positions, cfg.rope_dim, cfg.rope_base) if use_rope else None
+    # (cos, sin) in the model's dtype, from a table built once per model (positions.rope_at)
+    rope = rope_at(positions, cfg.rope_dim, cfg.rope_base, cfg.dtype) if use_rope else None
 
     x = embed(params, cfg, tokens, positions)  # [B, T, d]
     if acts is not None:

@@ -329,7 +329,7 @@ def silu(x):
     """
     x = np.asarray(x)
     with np.errstate(over="ignore"):
-        if x.ndim == 0 or not np.issubdtype(x.dtype, np.floating):
+        if x.ndim == 0 or x.dtype.kind != "f":  # not an array of floats
             return x / (1.0 + np.exp(-x))
         # The same operations in place on one buffer: each pass over a big MLP activation
         # is a trip through memory, so fewer temporaries is most of silu's cost.

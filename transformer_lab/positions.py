@@ -6,6 +6,8 @@ pos * frequency, so that q_m . k_n depends only on m - n.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -55,12 +57,40 @@ def rope_angles(positions, head_dim, base=10000.0):
     return np.cos(angles), np.sin(angles)
 
 
-def apply_rope(x, cos, sin):
+def rope_at(positions, head_dim, base=10000.0, dtype=np.float32):
+    """rope_angles(positions, head_dim, base) cast to dtype, bit for bit, read from a table.
+
+    The table holds (cos, sin) of every position 0 .. n - 1 (n a power of two that covers
+    the largest position asked for), computed in float64 as rope_angles does and cast
+    once; it is built once per (head_dim, base, dtype), so a decode step indexes it
+    instead of taking a cosine and a sine and casting them anew. Positions are integers."""
+    pos = np.asarray(positions)
+    if pos.ndim not in (1, 2) or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
+        raise ValueError(f"rope_at: positions must be integers [T] or [B, T], got "
+                         f"{pos.dtype} {pos.shape}")
+    if pos.size and pos.min() < 0:
+        raise ValueError(f"rope_at: positions must be >= 0, got {int(pos.min())}")
+    size = max(256, 1 << int(pos.max(initial=0)).bit_length())
+    cos, sin = _rope_table(size, int(head_dim), float(base), np.dtype(dtype))
+    return cos[pos], sin[pos]  # [T, D/2] or [B, T, D/2], fresh arrays
+
+
+@functools.lru_cache(maxsize=16)
+def _rope_table(size, head_dim, base, dtype):
+    cos, sin = rope_angles(np.arange(size), head_dim, base)  # [size, D/2], float64
+    cos, sin = cos.astype(dtype), sin.astype(dtype)
+    cos.flags.writeable = sin.flags.writeable = False  # shared by every caller
+    return cos, sin
+
+
+def apply_rope(x, cos, sin, *, out=None):
     """Rotate the interleaved pairs (2i, 2i+1) of x [..., T, H, D] by the given angles.
 
     This is the original RoFormer layout, which GGUF checkpoints also use.
     cos and sin are [T, D/2] and broadcast over batch and heads, or [B, T, D/2]
-    (x [B, T, H, D]) when each row sits at its own positions.
+    (x [B, T, H, D]) when each row sits at its own positions. With out=x, x is
+    rotated in place (forward does so with the q and k it just computed); the numbers
+    are the same either way.
     """
     x = np.asarray(x)
     cos = np.asarray(cos)
@@ -75,12 +105,21 @@ def apply_rope(x, cos, sin):
         raise ValueError(
             f"apply_rope: cos/sin must be [T, D/2] = [{T}, {D // 2}] (or [B, T, D/2] per row) "
             f"for x of shape {x.shape}; got cos {cos.shape}, sin {sin.shape}")
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
+        raise ValueError(f"apply_rope: out must be shaped as x {x.shape} {x.dtype}, got "
+                         f"{out.shape} {out.dtype}")
     cos = cos.astype(x.dtype, copy=False)[..., None, :]  # [T, 1, D/2] or [B, T, 1, D/2]
     sin = sin.astype(x.dtype, copy=False)[..., None, :]
     even, odd = x[..., 0::2], x[..., 1::2]
-    out = np.empty_like(x)
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = even * sin + odd * cos
+    new_even = even * cos
+    new_even -= odd * sin  # even cos - odd sin
+    out = np.empty_like(x) if out is None else out
+    # odd' = odd cos + even sin, written into out's odd channels: out may be x itself, and
+    # x's odd channels are not read again, its even ones only before they are overwritten.
+    out_odd = out[..., 1::2]
+    np.multiply(odd, cos, out=out_odd)
+    out_odd += even * sin
+    out[..., 0::2] = new_even
     return out
 
 

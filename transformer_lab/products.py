@@ -60,7 +60,8 @@ _DIRECT_FROM = 128
 
 def storage(w):
     """OUT_IN when w [in, out] is the transposed view of a row-major [out, in] array."""
-    return OUT_IN if w.T.flags.c_contiguous and not w.flags.c_contiguous else IN_OUT
+    flags = w.flags  # the transpose is row-major exactly when w is column-major
+    return OUT_IN if flags.f_contiguous and not flags.c_contiguous else IN_OUT
 
 
 def matmul_rows(x, w):
@@ -72,11 +73,11 @@ def matmul_rows(x, w):
     Returns a row-major [..., out] in the dtype of x and w. Under
     precision.computing_in(fmt) the inputs and the output are rounded to fmt."""
     x2, w = rounded(x.reshape(-1, x.shape[-1])), rounded(w)  # no-ops outside computing_in
-    rows = _invariant_rows.get()
+    kind, rows = storage(w), _invariant_rows.get()  # the storage read once per product
     if rows:
-        y = _fixed_block_product(x2, w, rows)
+        y = _fixed_block_product(x2, w, rows, kind)
     else:
-        y = product_form(FORMS[storage(w)].get(x2.shape[0], "gemm"), x2, w)
+        y = _product(FORMS[kind].get(x2.shape[0], "gemm"), x2, w, kind)
     return rounded(y).reshape(*x.shape[:-1], w.shape[-1])
 
 
@@ -85,19 +86,23 @@ def product_form(form, x2, w):
     for OUT_IN storage and 1 < M < _DIRECT_FROM the weight is on the left, (W^T x^T)^T),
     "gemv_rows" (one GEMV per row) or "pad8" (one GEMM of the rows padded with zeros to a
     multiple of 8)."""
+    return _product(form, x2, w, storage(w))
+
+
+def _product(form, x2, w, kind):
     if form == "gemv_rows":
         y = np.empty((x2.shape[0], w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
         for i in range(x2.shape[0]):
             np.matmul(x2[i], w, out=y[i])
         return y
     if form == "pad8":
-        return _fixed_block_product(x2, w, _PAD_TO)
-    if storage(w) == OUT_IN and 1 < x2.shape[0] < _DIRECT_FROM:
+        return _fixed_block_product(x2, w, _PAD_TO, kind)
+    if kind == OUT_IN and 1 < x2.shape[0] < _DIRECT_FROM:
         return np.ascontiguousarray((w.T @ x2.T).T)
     return x2 @ w
 
 
-def _fixed_block_product(x2, w, rows):
+def _fixed_block_product(x2, w, rows, kind):
     """x2 [M, in] @ w as GEMMs of exactly `rows` rows each, the last block zero-padded."""
     m = x2.shape[0]
     padded = -(-m // rows) * rows
@@ -105,7 +110,7 @@ def _fixed_block_product(x2, w, rows):
         x2 = np.concatenate([x2, np.zeros((padded - m, x2.shape[1]), dtype=x2.dtype)])
     y = np.empty((padded, w.shape[1]), dtype=np.result_type(x2.dtype, w.dtype))
     for i in range(0, padded, rows):
-        y[i:i + rows] = product_form("gemm", x2[i:i + rows], w)
+        y[i:i + rows] = _product("gemm", x2[i:i + rows], w, kind)
     return y[:m]
 
 
@@ -132,7 +137,7 @@ def invariant_block_rows(weights, candidates=(32, 16, 8, 4, 2, 1), *, seed=0):
 def _same_at_every_row(rng, w, rows):
     probe = rng.standard_normal((2, w.shape[0])).astype(w.dtype)  # [2, in]
     x = np.tile(probe, (-(-rows // 2), 1))[:rows]  # [rows, in]: the two rows, alternating
-    y = _fixed_block_product(x, w, rows)  # the very form row_invariant_products runs
+    y = _fixed_block_product(x, w, rows, storage(w))  # the form row_invariant_products runs
     return bool(np.array_equal(y[0::2], np.broadcast_to(y[0], y[0::2].shape))
                 and np.array_equal(y[1::2], np.broadcast_to(y[1], y[1::2].shape)))
 

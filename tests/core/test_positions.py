@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from transformer_lab import apply_rope, rope_angles, sinusoidal_pe
+from transformer_lab.positions import rope_at
 from reference import ref_angle, ref_rope
 
 
@@ -107,6 +108,41 @@ def test_apply_rope_casts_to_x_dtype():
     got = apply_rope(x32, cos, sin)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, ref_rope(x32, [5, 6, 7]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rope_at_is_rope_angles_cast_read_from_a_table(dtype):
+    # Positions [T] and per-row [B, T], past the first table size (256) so it grows.
+    for positions in (np.arange(7), np.array([[0, 5, 9], [300, 301, 1000]])):
+        cos, sin = rope_at(positions, 16, 500000.0, dtype)
+        want_cos, want_sin = rope_angles(positions, 16, 500000.0)
+        assert cos.dtype == sin.dtype == dtype and cos.shape == want_cos.shape
+        # float64 cos/sin of one angle may differ in the last bit between NumPy's vector
+        # and scalar loops: at most one unit in the last place.
+        np.testing.assert_array_max_ulp(cos, want_cos.astype(dtype), maxulp=1)
+        np.testing.assert_array_max_ulp(sin, want_sin.astype(dtype), maxulp=1)
+    cos[0, 0] = 7.0  # a fresh array: the table it was read from is unchanged
+    assert rope_at(np.array([0]), 16, 500000.0, dtype)[0][0, 0] == 1.0
+
+
+@pytest.mark.parametrize("positions, match", [(np.array([0.5, 1.0]), "integers"),
+                                              (np.array([-1, 0]), ">= 0"),
+                                              (np.zeros((1, 1, 2), dtype=int), "integers")])
+def test_rope_at_rejects_what_is_not_a_position(positions, match):
+    with pytest.raises(ValueError, match=match):
+        rope_at(positions, 8)
+
+
+def test_apply_rope_in_place_gives_the_same_bits():
+    rng = np.random.default_rng(24)
+    x = rng.normal(size=(2, 3, 4, 8)).astype(np.float32)
+    cos, sin = rope_at(np.array([[1, 2, 3], [7, 8, 9]]), 8)
+    want = apply_rope(x, cos, sin)
+    got = apply_rope(x, cos, sin, out=x)
+    assert got is x
+    np.testing.assert_array_equal(x, want)
+    with pytest.raises(ValueError, match="out must be shaped as x"):
+        apply_rope(x, cos, sin, out=np.empty((2, 3, 4, 8)))
 
 
 def test_apply_rope_custom_base():

@@ -38,17 +38,17 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
         kept, what the backward reads, held from the forward to the end: without
           checkpointing, per layer per token
             4d (attn_in, resid_mid, mlp_in, resid_post)
-          + (H + 2G)D (the packed Q/K/V product, kept alive by v, a view of it)
-          + (H + G)D (q and k after RoPE)  + HD (the merged heads)
-          + 3F (the packed gate/up product and silu(gate) * up)
-          (a LoRA on wv makes v its own array, GD, and frees the packed product; on
-          exactly one of w_gate and w_up it adds F), plus d per token (the embedding)
-          and 3d per token (the final norm's input, output and gradient);
+          + (H + 2G)D (the packed Q/K/V product: q, k and v are views of it, RoPE
+            and the LoRA updates done in place)  + HD (the merged heads)
+          + 3F (the packed gate/up product and silu(gate) * up),
+          plus d per token (the embedding) and 3d per token (the final norm's input,
+          output and gradient);
           with checkpointing only d per layer per token (each block's input) + 3d;
         recomputed: with checkpointing, one layer's kept numbers (the block recomputed
           just before its backward), else 0;
         transient: the larger of the attention backward's 2 * batch * H * seq^2
-          numbers (the weights P and dS) + 2 * (H / G) * seq^2 bytes of masks
+          numbers (the weights P and dS) + (H / G) * seq^2 bytes of the mask (its
+          negation is gone before dS is made)
           + 6 * N * HD numbers, and the MLP backward's 6 * N * F numbers;
         head: one chunk of min(S, LOSS_ROWS) rows of logits, [rows, V] (its gradient
           is made in the same buffer), and when there is more than one chunk, a full
@@ -73,16 +73,13 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
     targets = () if lora is None else tuple(lora.targets)
     trainable = P if lora is None else sum(a.size for _, a in named_params(lora.adapters))
 
-    qkv = (H + 2 * G) * D if "wv" not in targets else G * D  # v's storage
-    rotated = (H + G) * D if cfg.pos == "rope" else 0
+    qkv = (H + 2 * G) * D
     mlp = 0 if cfg.mlp == "none" else 3 * F if cfg.mlp == "swiglu" else 2 * F
-    if cfg.mlp == "swiglu" and (("w_gate" in targets) != ("w_up" in targets)):
-        mlp += F
     norms = 4 * d if cfg.mlp != "none" else 2 * d
-    per_layer = norms + qkv + rotated + H * D + mlp  # numbers per token
+    per_layer = norms + qkv + H * D + mlp  # numbers per token
     kept = N * (4 * d + (L * per_layer if not checkpoint else L * d)) * b
     recomputed = N * per_layer * b if checkpoint else 0
-    attention = 2 * int(batch) * H * int(seq) ** 2 * b + 2 * (H // G) * int(seq) ** 2 \
+    attention = 2 * int(batch) * H * int(seq) ** 2 * b + (H // G) * int(seq) ** 2 \
         + 6 * N * H * D * b
     transient = max(attention, 6 * N * F * b)
     head = min(S, LOSS_ROWS) * V * b  # only supervised rows reach the head
