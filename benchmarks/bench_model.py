@@ -181,13 +181,14 @@ def make_params(cfg, seed=0):
 DECODE_QUESTION = "Explain in three sentences why the sky is blue."
 
 
-def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None):
+def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None, profile_steps=20):
     """SmolLM2-135M greedy decode at batch 1: tokens/s of the decode steps (the prefill
     left out) for the packed params load_gguf gives ([out, in] storage), the same weights
     as plain row-major [in, out] arrays, and HF transformers on the same GGUF (where torch
     and transformers are installed), one round of each in turn; and the read bound: the
-    params' bytes per token at the read bandwidth measured in the same run. None without
-    the model."""
+    params' bytes per token at the read bandwidth measured in the same run; and where one
+    packed decode step's time goes (op_profile over `profile_steps` steps, 0: not run).
+    None without the model."""
     from transformer_lab import generate_stream
     from transformer_lab.measure import param_bytes, read_bandwidth
     from transformer_lab.pretrained.chat_template import apply_chat_template
@@ -232,7 +233,26 @@ def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None):
               "same_tokens": {k: tokens[k] == tokens["packed"] for k in tokens}}
     if "hf" in tps:
         result["vs_hf"] = tps["packed"] / tps["hf"]
+    if profile_steps:
+        result["step_profile"] = _decode_step_profile(cfg, packed, prompt, tokens["packed"][0],
+                                                      profile_steps)
     return result
+
+
+def _decode_step_profile(cfg, params, prompt, token, steps):
+    """op_profile of one decode step: `token` after the prompt, the cache rolled back to the
+    prompt before each step."""
+    from transformer_lab.model import _forward_unchecked
+
+    from .op_profile import op_profile
+    cache = KVCache(cfg, 1, len(prompt) + 1)
+    _forward_unchecked(params, cfg, np.array([prompt]), cache=cache)
+    step_tokens = np.array([[token]])
+
+    def step():
+        cache.truncate(len(prompt))
+        return _forward_unchecked(params, cfg, step_tokens, cache=cache)
+    return op_profile(step, steps)
 
 
 def _hf_decoder(path, prompt, new_tokens, threads):

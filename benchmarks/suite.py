@@ -424,6 +424,15 @@ def print_smollm2_decode(out, r):
     out.observations([f"Same greedy tokens as the packed run: "
                       + ", ".join(f"{names[k]} {'yes' if v else 'no'}"
                                   for k, v in r["same_tokens"].items() if k != "packed")])
+    profile = r.get("step_profile")
+    if profile:
+        step = profile["wrapped_step_ms"]
+        out.table(["where a packed decode step goes", "ms / step", "share", "calls"],
+                  [[label, f"{ms:.2f}", f"{ms / step:.0%}", str(calls or "")]
+                   for label, ms, calls in profile["rows"]],
+                  caption=f"Each op's own time, timed in place (benchmarks/op_profile.py) over "
+                          f"{profile['steps']} steps of {step:.1f} ms (timers included; "
+                          f"{profile['step_ms']:.1f} ms without them).")
 
 
 def print_train(out, r):
