@@ -63,13 +63,15 @@ def rope_at(positions, head_dim, base=10000.0, dtype=np.float32):
     The table holds (cos, sin) of every position 0 .. n - 1 (n a power of two that covers
     the largest position asked for), computed in float64 as rope_angles does and cast
     once; it is built once per (head_dim, base, dtype), so a decode step indexes it
-    instead of taking a cosine and a sine and casting them anew. Positions are integers."""
+    instead of taking a cosine and a sine and casting them anew. Positions are integers;
+    negative ones (none but a StreamingCache's) are computed as rope_angles does."""
     pos = np.asarray(positions)
     if pos.ndim not in (1, 2) or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
         raise ValueError(f"rope_at: positions must be integers [T] or [B, T], got "
                          f"{pos.dtype} {pos.shape}")
-    if pos.size and pos.min() < 0:
-        raise ValueError(f"rope_at: positions must be >= 0, got {int(pos.min())}")
+    if pos.size and pos.min() < 0:  # a StreamingCache's sink may sit before slot 0: no table
+        cos, sin = rope_angles(pos, head_dim, base)
+        return cos.astype(dtype), sin.astype(dtype)
     size = max(256, 1 << int(pos.max(initial=0)).bit_length())
     cos, sin = _rope_table(size, int(head_dim), float(base), np.dtype(dtype))
     return cos[pos], sin[pos]  # [T, D/2] or [B, T, D/2], fresh arrays
