@@ -49,7 +49,7 @@ def test_llm_chat_and_serve_run_a_model_file_alone(tmp_path, capsys):
     assert capsys.readouterr().out.strip() != ""
     args = serve_main.build_parser().parse_args(["--model", str(path)])
     llm, name = serve_main.load_engine(args)
-    assert name == "model" and llm.cfg == cfg
+    assert name == path.parent.name and llm.cfg == cfg  # runs/DIR/model.npz is served as DIR
 
 
 def test_a_checkpoint_without_a_tokenizer_is_refused(tmp_path):
