@@ -70,7 +70,6 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
     d, H, G, D, F, V, L = (cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff,
                            cfg.vocab, cfg.n_layers)
     P = sum(int(np.prod(s)) for _, s in named_params(param_shapes(cfg)))
-    targets = () if lora is None else tuple(lora.targets)
     trainable = P if lora is None else sum(a.size for _, a in named_params(lora.adapters))
 
     qkv = (H + 2 * G) * D
