@@ -201,11 +201,21 @@ def _describe(cfg):
 # group stores them as one [d, sum of outs] array, and the usual keys hold views of
 # its column blocks, so the layout, and every lecture script that reads it, is unchanged.
 #
-# Packed params are also stored in the order BLAS reads fastest here, [out, in] row-major
-# (PyTorch's and GGUF's own): the packed arrays, wo, w_down and the head are Fortran-order
-# [in, out] arrays, i.e. the transposed view of an [out, in] row-major one, with the same
-# shape and values; a tied head's tok_emb is row-major [vocab, d], already [out, in].
-# products.matmul_rows sees the order and takes the form measured for it.
+# Packed params are also stored in the order BLAS reads fastest here: each matrix with
+# its longer side contiguous (packed_order). A one-row product, the decode step's, is a
+# GEMV, and OpenBLAS's GEMV kernels read short rows well under the machine's bandwidth.
+# Measured on SmolLM2's shapes (an AMD EPYC, 2 threads, 30 layers, median of 7, ms,
+# stored [out, in] / [in, out]): Q/K/V [576 -> 960] 7.3 / 5.9, gate/up [576 -> 3072]
+# 22.8 / 12.5, down [1536 -> 576] 7.0 / 9.3, the head [576 -> 49,152] 8.5 / 5.6; at
+# M=16 gate/up 48.6 / 37.4, the head 33.6 / 18.1, down 21.0 / 25.3; from M=128 (prefill)
+# the two within the runs' spread. So Q/K/V, gate/up and the head are row-major [in, out]
+# and w_down, wo (square) and any matrix whose input side is the longer are stored
+# [out, in] (PyTorch's and GGUF's own order): a Fortran-order [in, out] array, the
+# transposed view of an [out, in] row-major one, with the same shape and values. A tied
+# head's tok_emb [vocab, d] is then column-major, tok_emb.T its row-major [d, vocab].
+# products.matmul_rows sees the order and takes the form measured for it. (On the Intel
+# Xeon of issue 27, all four products [out, in] were 10-26 % faster than all [in, out]
+# from M=2 to 32 and level at M=1; docs/performance.md keeps both machines' tables.)
 #
 # What is packed is said by the params themselves: the group is a PackedGroup, which
 # holds the packed array beside its keys. Writing into a view (p["wq"][:] = ...) writes
@@ -299,8 +309,8 @@ def _packed_groups(cfg: Config):
 
 def _pack_group(group, packed_name, keys, packed=None):
     """group as a PackedGroup whose keys are views of `packed` (made from group if None)."""
-    if packed is None:  # [d, sum of outs], stored [out, in]: each column block is contiguous
-        packed = np.asfortranarray(np.concatenate([group[key] for key in keys], axis=1))
+    if packed is None:  # [d, sum of outs]
+        packed = _in_packed_order(np.concatenate([group[key] for key in keys], axis=1))
     items, start = dict(group), 0
     for key in keys:
         width = group[key].shape[1]
@@ -310,32 +320,44 @@ def _pack_group(group, packed_name, keys, packed=None):
     return PackedGroup(items, {**old, packed_name: packed})
 
 
-# The matrices each product reads alone, stored [out, in] too: (group, key) in a block.
+# The matrices each product reads alone: (group, key) in a block.
 SINGLE_PRODUCTS = (("attn", "wo"), ("mlp", "w_down"))
+
+
+def packed_order(n_in, n_out):
+    """The memory order pack_weights gives an [n_in, n_out] matrix (see above): "C",
+    row-major [in, out], when its output side is the longer, else "F", i.e. stored
+    row-major [out, in]."""
+    return "C" if n_out > n_in else "F"
+
+
+def _in_packed_order(w):
+    """w [in, out] in packed_order: w itself when it is already."""
+    return np.asarray(w, order=packed_order(*w.shape))
 
 
 def pack_weights(params, cfg: Config):
     """Pack each layer's wq, wk, wv (and w_gate, w_up for SwiGLU) into one array per group,
     in place: each block's attn (and mlp) becomes a PackedGroup with the same keys and
-    values, now views. Every product's matrix is stored [out, in] row-major (see above):
-    the packed arrays, wo, w_down and an untied head become Fortran-order [in, out]
-    arrays, a tied head's tok_emb stays row-major [vocab, d]. A group that is packed
+    values, now views. Every product's matrix is stored in packed_order (see above): the
+    packed arrays, wo, w_down, the head (a tied head's tok_emb.T). A group that is packed
     already is left as it is. Returns params."""
     check_params(params, cfg)
     for p in params["blocks"]:
         for name, key in SINGLE_PRODUCTS:
             if name in p and key in p[name]:
-                p[name][key] = np.asfortranarray(p[name][key])  # the same array if it is already
+                p[name][key] = _in_packed_order(p[name][key])
         for name, packed_name, keys in _packed_groups(cfg):
             group = p[name]
             if not (isinstance(group, PackedGroup) and group.product(packed_name) is not None):
                 p[name] = _pack_group(group, packed_name, keys)
     if "w" in params["lm_head"]:
-        params["lm_head"]["w"] = np.asfortranarray(params["lm_head"]["w"])
-    if cfg.tie_embeddings:
-        # x @ tok_emb.T then reads tok_emb's rows, as every other product reads its [out, in]
-        # rows; the lookup tok_emb[tokens] gathers a few rows.
-        params["tok_emb"] = np.ascontiguousarray(params["tok_emb"])
+        params["lm_head"]["w"] = _in_packed_order(params["lm_head"]["w"])
+    if cfg.tie_embeddings:  # the head reads tok_emb.T [d, vocab]; the lookup gathers a few rows
+        head = params["tok_emb"].T
+        stored = _in_packed_order(head)
+        if stored is not head:
+            params["tok_emb"] = stored.T
     return params
 
 
@@ -346,11 +368,17 @@ def empty_packed_params(cfg: Config) -> dict:
     for p in params["blocks"]:
         for name, key in SINGLE_PRODUCTS:
             if name in p and key in p[name]:
-                p[name][key] = np.empty(p[name][key].shape, dtype=cfg.dtype, order="F")
+                p[name][key] = _empty_packed(p[name][key].shape, cfg.dtype)
         for name, packed_name, keys in _packed_groups(cfg):
             width = sum(p[name][key].shape[1] for key in keys)
             p[name] = _pack_group(p[name], packed_name, keys,
-                                  np.empty((cfg.d_model, width), dtype=cfg.dtype, order="F"))
+                                  _empty_packed((cfg.d_model, width), cfg.dtype))
     if "w" in params["lm_head"]:
-        params["lm_head"]["w"] = np.empty(params["lm_head"]["w"].shape, dtype=cfg.dtype, order="F")
+        params["lm_head"]["w"] = _empty_packed(params["lm_head"]["w"].shape, cfg.dtype)
+    if cfg.tie_embeddings:
+        params["tok_emb"] = _empty_packed((cfg.d_model, cfg.vocab), cfg.dtype).T
     return params
+
+
+def _empty_packed(shape, dtype):
+    return np.empty(shape, dtype=dtype, order=packed_order(*shape))

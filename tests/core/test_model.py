@@ -9,8 +9,8 @@ from transformer_lab import (TINY, TINY_GPT2, KVCache, check_params, forward, ge
                              gpt2_config, init_params, llama_config, loss, named_params, pack_weights,
                              param_shapes, sample_next)
 from transformer_lab import model as tl_model
-from transformer_lab.params import GATE_UP, QKV, PackedGroup, empty_packed_params
-from transformer_lab.products import OUT_IN, storage
+from transformer_lab.params import GATE_UP, QKV, PackedGroup, empty_packed_params, packed_order
+from transformer_lab.products import IN_OUT, OUT_IN, storage
 from reference import ref_forward, ref_loss
 
 # A float32 Llama-style config (GQA, RoPE) and a few position variants in float64.
@@ -593,22 +593,34 @@ def test_pack_weights_keeps_the_layout_and_the_values(cfg):
         gate_up = block["mlp"].product("w_gate_up") if cfg.mlp == "swiglu" else None
         assert (gate_up is not None) == (cfg.mlp == "swiglu")
     assert not any(isinstance(b["attn"], PackedGroup) for b in plain["blocks"])
-    assert_stored_out_in(packed, cfg)
+    assert_stored_in_packed_order(packed, cfg)
 
 
-def assert_stored_out_in(params, cfg):
-    """Every product's matrix is stored [out, in] row-major, seen as its [in, out] transpose:
-    the packed arrays and their views, wo, w_down, an untied head; a tied head's tok_emb is
-    row-major [vocab, d] itself."""
+def assert_stored_in_packed_order(params, cfg):
+    """Every product's matrix is stored in params.packed_order, the longer side contiguous:
+    row-major [in, out] when the output side is the longer, else [out, in] row-major (a
+    Fortran-order [in, out]); a packed array's views share its order, a tied head's
+    tok_emb.T is the head. Both orders occur in every config here."""
+    seen = set()
+
+    def check(w, whole):
+        want = packed_order(*whole.shape)
+        assert storage(whole) == (IN_OUT if want == "C" else OUT_IN)
+        assert whole.flags.c_contiguous if want == "C" else whole.T.flags.c_contiguous
+        assert storage(w) == storage(whole) and np.shares_memory(w, whole)
+        seen.add(want)
     for block in params["blocks"]:
-        matrices = [block["attn"].product("wqkv"), block["attn"]["wo"], block["mlp"]["w_down"],
-                    *(block["attn"][k] for k in QKV)]
-        if cfg.mlp == "swiglu":
-            matrices += [block["mlp"].product("w_gate_up"), *(block["mlp"][k] for k in GATE_UP)]
-        for w in matrices:
-            assert w.T.flags.c_contiguous and storage(w) == OUT_IN
+        for group, packed_name, keys in (("attn", "wqkv", QKV), ("mlp", "w_gate_up", GATE_UP)):
+            whole = (block[group].product(packed_name)
+                     if isinstance(block[group], PackedGroup) else None)
+            if whole is not None:
+                for k in keys:
+                    check(block[group][k], whole)
+        for group, key in (("attn", "wo"), ("mlp", "w_down")):
+            check(block[group][key], block[group][key])
     head = params["tok_emb"].T if cfg.tie_embeddings else params["lm_head"]["w"]
-    assert head.T.flags.c_contiguous and storage(head) == OUT_IN
+    check(head, head)
+    assert seen == {"C", "F"}
 
 
 @pytest.mark.parametrize("cfg", PACK_CFGS, ids=PACK_IDS)
@@ -708,7 +720,8 @@ def test_pack_weights_leaves_packed_groups_as_they_are():
     embedding = params["tok_emb"]
     pack_weights(params, cfg)
     assert [b["attn"].product("wqkv") for b in params["blocks"]] == products  # the same arrays
-    assert params["tok_emb"] is embedding and embedding.flags.c_contiguous
+    assert params["tok_emb"] is embedding
+    assert_stored_in_packed_order(params, cfg)
     toks = tokens_for(cfg, 1, 5, 82)
     np.testing.assert_allclose(forward(params, cfg, toks), forward(plain, cfg, toks),
                                rtol=1e-12, atol=1e-12)
@@ -726,7 +739,7 @@ def test_training_packed_params_updates_the_packed_products(cfg):
     for params in (plain, packed):
         loss_value, grads = loss_and_grads(params, cfg, toks, targets)
         AdamW(params, lr=1e-2).step(grads)
-    assert_stored_out_in(packed, cfg)
+    assert_stored_in_packed_order(packed, cfg)
     for (name, got), (_, want) in zip(leaves(packed), leaves(plain)):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=name)
     np.testing.assert_allclose(forward(packed, cfg, toks), forward(plain, cfg, toks),
@@ -740,7 +753,7 @@ def test_empty_packed_params_are_laid_out_as_pack_weights_leaves_them():
     for block in empty["blocks"]:
         assert all(block["attn"][k].base is block["attn"].product("wqkv") for k in QKV)
         assert all(block["mlp"][k].base is block["mlp"].product("w_gate_up") for k in GATE_UP)
-    assert_stored_out_in(empty, cfg)
+    assert_stored_in_packed_order(empty, cfg)
 
 
 # ------------------------------------------------------------------ biases follow the config

@@ -21,6 +21,7 @@ from tiny_gguf import (MERGES, SPECIALS, TENSOR_TYPES, TOKENS, TYPES,  # noqa: E
 from transformer_lab import (BPETokenizer, find_model, forward, init_params, named_params,  # noqa: E402
                              llama_config, load_gguf, map_params, pack_weights)
 from transformer_lab import model  # noqa: E402
+from transformer_lab.params import empty_packed_params, packed_order  # noqa: E402
 from transformer_lab.pretrained import gguf as gguf_loader  # noqa: E402
 from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL  # noqa: E402
 
@@ -41,23 +42,21 @@ def test_params_equal_the_stored_values_in_the_standard_layout(tmp_path, tie):
     loaded_cfg, loaded, _ = load_gguf(write_gguf(tmp_path / "m.gguf", cfg, params, tensors=tensors))
     assert loaded_cfg.tie_embeddings is tie
     assert (loaded["lm_head"] == {}) is tie
-    expected = {}
+    expected, layout = {}, empty_packed_params(cfg)
     for name, (value, kind) in tensors.items():
         keys = gguf_loader.tensor_locations(cfg)[name]
         back = stored_values(value, kind)
         expected[keys] = back.T if back.ndim == 2 and name != "token_embd.weight" else back
     for keys, want in expected.items():
         got = gguf_loader._lookup(loaded, keys)
-        # Q/K/V and gate/up are column blocks of one packed array per layer; every matrix
-        # a product reads is stored [out, in] row-major as in the file (seen as its [in, out]
-        # transpose); tok_emb and the norms are row-major arrays of their own.
+        # Q/K/V and gate/up are column blocks of one packed array per layer; every array is
+        # laid out as empty_packed_params lays it out (each matrix in params.packed_order,
+        # which tests/core/test_model.py checks), the norms row-major arrays of their own.
+        like = gguf_loader._lookup(layout, keys)
         assert got.dtype == np.float32, keys
+        assert got.strides == like.strides, keys
         if keys[-1] in ("wq", "wk", "wv", "w_gate", "w_up"):
-            assert got.base is not None and got.base.T.flags.c_contiguous, keys
-        if keys[-1] in ("wq", "wk", "wv", "w_gate", "w_up", "wo", "w_down", "w"):
-            assert got.T.flags.c_contiguous, keys
-        else:
-            assert got.flags.c_contiguous, keys
+            assert got.base is not None and got.base.shape == like.base.shape, keys
         np.testing.assert_array_equal(got, want, err_msg=str(keys))
 
 
@@ -110,7 +109,9 @@ def test_loaded_projections_are_packed(model_file):
         # dequantized straight into the packed arrays, which forward then uses
         assert attn.product("wqkv") is qkv
         assert mlp.product("w_gate_up") is mlp["w_up"].base
-    assert loaded["tok_emb"].flags.c_contiguous  # tied head: tok_emb is [out, in] row-major
+    # a tied head reads tok_emb.T [d, vocab], stored in params.packed_order like the rest
+    head = loaded["tok_emb"].T
+    assert head.flags.c_contiguous if packed_order(*head.shape) == "C" else head.flags.f_contiguous
 
 
 def test_all_f32_file_loads_exactly_and_forwards_the_same(tiny):

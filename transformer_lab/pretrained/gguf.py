@@ -243,10 +243,18 @@ def _dequantize(tensor, want_shape, dtype, path, out=None):
                          f"the metadata implies {list(stored_shape)}")
     direct = False  # written straight into `out`
     with np.errstate(invalid="ignore", over="ignore"):  # corrupt scales: reported just below
-        if kind in quants.BLOCK_BYTES:  # by hand, straight into the file's [out, in] rows
-            direct = out is not None and out.dtype == np.float32
-            values = out if direct else np.empty(want_shape, dtype=np.float32)
-            quants.dequantize_into(tensor.data, kind, values.T if transpose else values)
+        if kind in quants.BLOCK_BYTES:  # by hand, into the file's [out, in] rows
+            # Straight into `out` when its file-order view is row-major (a matrix params
+            # store [out, in]); else into rows of their own, copied into place below: a
+            # strided destination would take a cache miss per value.
+            rows = None if out is None else (out.T if transpose else out)
+            direct = rows is not None and out.dtype == np.float32
+            if direct and not rows.flags.c_contiguous:  # e.g. [in, out] row-major: by chunks
+                _dequantize_by_chunks(tensor.data, kind, rows)
+            else:
+                rows = rows if direct else np.empty(stored_shape, dtype=np.float32)
+                quants.dequantize_into(tensor.data, kind, rows)
+            values = rows.T if transpose else rows  # [in, out], or the table's [vocab, d]
         else:
             values = dequantize(tensor.data, tensor.tensor_type).reshape(stored_shape)  # float32 [out, in]
             if transpose:
@@ -262,6 +270,16 @@ def _dequantize(tensor, want_shape, dtype, path, out=None):
     if np.may_share_memory(out, tensor.data):  # an F32 tensor needed no copy: make one
         out = out.copy()
     return out
+
+
+def _dequantize_by_chunks(data, kind, rows, chunk=256):
+    """quants.dequantize_into for a strided destination `rows` [r, c] (the file's rows of
+    a matrix stored [in, out]): `chunk` rows at a time into a buffer of their own, then
+    copied into place, so that neither side is written a cache miss per value."""
+    buffer = np.empty((chunk, rows.shape[1]), dtype=np.float32)
+    for i in range(0, rows.shape[0], chunk):
+        n = min(chunk, rows.shape[0] - i)
+        rows[i:i + n] = quants.dequantize_into(data[i:i + n], kind, buffer[:n])
 
 
 def params_from_tensors(reader, cfg: Config, path) -> dict:
