@@ -26,9 +26,10 @@ from ..measure import peak_rss_bytes, set_blas_threads
 from ..params import named_params
 from ..pretrained.chat_template import stop_token_ids
 from ..training.chat_tasks import RETENTION, conversation, encode_example, get_chat_task
-from ..training.checkpoint import config_to_dict, load_model, save_adapters, save_model
+from ..training.checkpoint import (MODEL_FILE, config_to_dict, load_model, save_adapters,
+                                   save_model)
 from ..training.optim import AdamW, cosine_lr
-from .train_loop import (ADAPTER_FILE, HISTORY, MODEL_FILE, Interrupted, Progress, train_step,
+from .train_loop import (ADAPTER_FILE, HISTORY, Interrupted, Progress, train_step,
                          write_json_atomic)
 
 SMOLLM2 = "smollm2"  # --init's name for the installed default model

@@ -19,7 +19,6 @@ from ..training.optim import AdamW, clip_grad_norm
 from ..validate import check_int
 
 HISTORY = "history.json"
-MODEL_FILE = "model.npz"
 ADAPTER_FILE = "adapter.npz"
 
 

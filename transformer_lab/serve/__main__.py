@@ -24,6 +24,7 @@ import numpy as np
 
 from ..cli import OneLineParser, int_at_least, non_empty_path
 from ..pretrained.gguf import MODEL_FILE
+from ..training.checkpoint import MODEL_FILE as RUN_MODEL_FILE
 from .api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from .engine_loop import BATCHING
 from .speculative_config import SpeculativeConfig
@@ -140,9 +141,9 @@ def load_engine(args):
 def served_name(path) -> str:
     """The model's default name in the API: the file's stem (SmolLM2-135M-Instruct-Q4_1),
     or, for a fine-tune's runs/DIR/model.npz, the run's directory (DIR): every fine-tune
-    writes a file of that one name."""
+    writes a file of that one name (training.checkpoint.MODEL_FILE)."""
     path = Path(path)
-    if path.name == "model.npz" and path.parent.name:
+    if path.name == RUN_MODEL_FILE and path.parent.name:
         return path.parent.name
     return path.stem
 

@@ -29,6 +29,10 @@ import numpy as np
 from ..config import DTYPES, Config
 from ..params import check_params, map_params, named_params, param_shapes
 
+# The file a fine-tune writes its model to, runs/DIR/model.npz (cli/finetune.py), which
+# chat and serve load by path and serve names DIR.
+MODEL_FILE = "model.npz"
+
 FORMAT = "transformer_lab.checkpoint"
 VERSION = 1
 META_KEY = "__checkpoint__"
