@@ -385,7 +385,7 @@ def print_forward(out, f):
              _mark(out.num(f["numpy"]["tokens_per_s"]), f["numpy"]), "1.00x"]]
     if f.get("numpy_packed"):
         p = f["numpy_packed"]
-        rows.append(["the same, packed ([out, in] storage)", _mark(out.time(p["best_s"]), p),
+        rows.append(["the same, packed (load_gguf's storage)", _mark(out.time(p["best_s"]), p),
                      _mark(out.num(p["tokens_per_s"]), p),
                      _mark(f"{f['numpy']['best_s'] / p['best_s']:.2f}x", p, f["numpy"])])
     if f.get("torch"):
@@ -419,7 +419,10 @@ def print_smollm2_decode(out, r):
                             f"prompt; median of {r['rounds']} rounds, one of each in turn; "
                             f"{r['threads']} threads each. Read bound: "
                             f"{r['param_bytes'] / 2**20:.0f} MiB of params per token at "
-                            f"{r['read_bytes_per_s'] / 1e9:.1f} GB/s (this run) = "
+                            f"{r['read_bytes_per_s'] / 1e9:.1f} GB/s (the best of this run's "
+                            f"rounds, each read beside them: "
+                            f"{min(r['read_bytes_per_s_rounds']) / 1e9:.1f}-"
+                            f"{max(r['read_bytes_per_s_rounds']) / 1e9:.1f}) = "
                             f"{r['read_bound_tokens_per_s']:.1f} tokens/s.")
     out.observations([f"Same greedy tokens as the packed run: "
                       + ", ".join(f"{names[k]} {'yes' if v else 'no'}"

@@ -34,8 +34,9 @@ from .precision import rounded
 _invariant_rows = contextvars.ContextVar("invariant_rows", default=0)
 
 # The two storages of a weight w [in, out]: row-major [in, out] (init_params' arrays,
-# what x @ W reads plainly), or row-major [out, in] seen through its transpose (packed
-# params: params.pack_weights, load_gguf), which a GEMM reads as W^T x^T.
+# what x @ W reads plainly), or row-major [out, in] seen through its transpose (which a
+# GEMM reads as W^T x^T). Packed params (params.pack_weights, load_gguf) hold both: each
+# matrix has its longer side contiguous (params.packed_order, measured there).
 IN_OUT, OUT_IN = "in_out", "out_in"
 # M -> form, for each storage; M not listed takes one GEMM. For OUT_IN, measured on
 # SmolLM2's 30 layers' four products (the machine shared, load average 20, 1 BLAS thread,

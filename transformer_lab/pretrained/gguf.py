@@ -1,11 +1,12 @@
 """Load a llama-architecture GGUF file into the standard params layout, with its tokenizer.
 
 GGUF keeps a matrix as [out, in] rows, quantized block by block along `in`.
-Every matrix is dequantized once, at load, straight into its place in packed params
-(params.pack_weights), which store the products' matrices in that same [out, in]
-order and show them as their [in, out] transposes, the layout x @ W wants; the token
-table [vocab, d] is a lookup table and stays as it is. No `output.weight` means the
-head is tied to the token table.
+Every matrix is dequantized once, at load, into its place in packed params
+(params.pack_weights), which store each product's matrix with its longer side
+contiguous: the file's [out, in] order where `in` is the longer (wo, w_down), else
+row-major [in, out] (Q/K/V, gate/up, the head), always seen as [in, out], the layout
+x @ W wants. No `output.weight` means the head is tied to the token table [vocab, d],
+then stored as its [d, vocab] transpose.
 
 GGUF also stores the Q and K rows of each head ordered for interleaved RoPE,
 which is the pairing apply_rope uses, so nothing is un-permuted.
@@ -294,7 +295,7 @@ def params_from_tensors(reader, cfg: Config, path) -> dict:
             raise ValueError(f"{path}: unexpected tensor {name}: a feature this loader does not implement")
     # Every tensor is dequantized straight into its place in params laid out as
     # pack_weights leaves them (Q/K/V and gate/up columns of one array per layer, every
-    # product's matrix stored [out, in] as in the file), so the weights are never held twice.
+    # product's matrix in params.packed_order), so the weights are never held twice.
     params = empty_packed_params(cfg)
     jobs = [(by_name[name], _lookup(params, keys)) for name, keys in where.items()]
     # Dequantizing is NumPy work that releases the GIL, so threads use every core.

@@ -13,10 +13,10 @@ The low nibbles of the 16 bytes are the block's values 0..15, the high nibbles 1
 `quantize` makes these bytes from floats with gguf.quants' own float32 arithmetic (so
 the bytes are the same, tests/pretrained/test_quants.py, and a file written from them
 is one llama.cpp reads); `dequantize` reads them back. The loader fills packed params,
-which store every product's matrix [out, in] row-major as the file does
-(params.pack_weights): `dequantize_into` writes the integers into their place (a byte
-each) and then scales in place, so no float32 copy is made and copied again;
-`dequantize_transposed` writes an [in, out] destination the same way. Every other
+which store a product's matrix [out, in] row-major as the file does where its input
+side is the longer (params.packed_order): `dequantize_into` writes the integers into
+their place (a byte each) and then scales in place, so no float32 copy is made and
+copied again; `dequantize_transposed` writes an [in, out] destination the same way. Every other
 storage type goes through gguf.quants.
 
 `fake_quant` is llm-awq's pseudo_quantize_tensor: round to nearest on a grid of 2^bits

@@ -186,9 +186,10 @@ def linear_backward(dy, x, p, w, b, lora=None):
 
 
 def weight_grad(x2, dy2, w):
-    """x2^T dy2 [in, out], laid out in memory as the weight w is: packed params store their
-    matrices [out, in] row-major (a column-major [in, out]), and a grad in the same order
-    lets AdamW stream the weight, its grad and its moments as flat runs."""
+    """x2^T dy2 [in, out], laid out in memory as the weight w is: packed params store some
+    matrices [out, in] row-major (a column-major [in, out]; params.packed_order), and a
+    grad in the same order lets AdamW stream the weight, its grad and its moments as flat
+    runs."""
     if w.flags.f_contiguous and not w.flags.c_contiguous:
         return product(dy2.T, x2).T  # [in, out], column-major
     return product(x2.T, dy2)
