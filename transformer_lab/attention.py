@@ -32,7 +32,7 @@ def visible_keys(offset, T, S, *, causal=True, rows=None):
     return np.arange(S)[None, None, :] < limit  # [B, rows, S]
 
 
-def _check_offset(offset):
+def check_offset(offset):
     """offset as an int, or as an int64 array [B] of per-row offsets: it counts cached
     tokens, so 0.7 or "3" is a mistake, not a value to round. Per-row offsets that all
     agree become that int, which takes the faster shared path."""
@@ -48,7 +48,9 @@ def _check_offset(offset):
                           "int array of one per row")
 
 
-def _check_shapes(q, k, v, offset, causal):
+def check_attention_shapes(q, k, v, offset, causal):
+    """attention_core's checks of q [B,T,H,D], k and v [B,S,G,D] and a checked offset
+    (check_offset): a ValueError naming the mismatch. flash.py checks its inputs with it."""
     if q.ndim != 4 or k.ndim != 4 or (v is not None and v.ndim != 4):
         raise ValueError(
             f"attention_core expects q [B,T,H,D] and k, v [B,S,G,D]; got shapes "
@@ -110,8 +112,8 @@ def attention_reference(q, k, v, offset=0, *, causal=True, scale=None):
     attention_core: q [B, T, H, D], k and v [B, S, G, D], returns [B, T, H*D].
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    offset = _check_offset(offset)
-    _check_shapes(q, k, v, offset, causal)
+    offset = check_offset(offset)
+    check_attention_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
     G = k.shape[2]
     weights = _reference_weights(q, k, offset, causal, scale)  # [B, G, R, T, S]
@@ -158,8 +160,8 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
     against the keys the furthest row can see.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    offset = _check_offset(offset)
-    _check_shapes(q, k, v, offset, causal)
+    offset = check_offset(offset)
+    check_attention_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
     S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
     R = H // G
@@ -217,8 +219,8 @@ def attention_core(q, k, v, offset=0, *, causal=True, scale=None):
 def attention_weights(q, k, offset=0, *, causal=True, scale=None):
     """The softmax weights attention_core uses, [B, H, T, S], for inspection and heatmaps."""
     q, k = np.asarray(q), np.asarray(k)
-    offset = _check_offset(offset)
-    _check_shapes(q, k, None, offset, causal)
+    offset = check_offset(offset)
+    check_attention_shapes(q, k, None, offset, causal)
     B, T, H, _ = q.shape
     return _reference_weights(q, k, offset, causal, scale).reshape(B, H, T, k.shape[1])
 
@@ -239,7 +241,7 @@ def attention_core_backward(dout, q, k, v, offset=0, *, causal=True, scale=None)
     """
     q, k, v, dout = np.asarray(q), np.asarray(k), np.asarray(v), np.asarray(dout)
     offset = int(offset)
-    _check_shapes(q, k, v, offset, causal)
+    check_attention_shapes(q, k, v, offset, causal)
     B, T, H, D = q.shape
     S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
     R = H // G

@@ -27,15 +27,15 @@ import math
 
 import numpy as np
 
-from .attention import _check_offset, _check_shapes
+from .attention import check_attention_shapes, check_offset
 from .validate import check_int
 
 
 def _check_inputs(q, k, v, offset, causal, fn):
     """attention_core's own checks of shapes and offsets, reported under fn's name."""
     try:
-        offset = _check_offset(offset)
-        _check_shapes(q, k, v, offset, causal)
+        offset = check_offset(offset)
+        check_attention_shapes(q, k, v, offset, causal)
     except ValueError as e:
         raise ValueError(str(e).replace("attention_core", fn, 1)) from None
     return offset
@@ -270,7 +270,7 @@ def flash_tiles(T, S, offset=0, *, causal=True, block_q=64, block_k=64):
     {"total", "visited", "masked", "skipped"} (visited includes masked)."""
     T = check_int(T, "flash_tiles: T", low=0)
     S = check_int(S, "flash_tiles: S", low=0)
-    offset = _check_offset(offset)
+    offset = check_offset(offset)
     block_q, block_k = _check_blocks(block_q, block_k, "flash_tiles")
     _check_grid(T, S, offset, causal, "flash_tiles")
     visited = masked = 0

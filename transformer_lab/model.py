@@ -147,7 +147,10 @@ def _side_by_side(q, k):
     """(q and k as one [B, T, H + G, D] view,) when k's heads follow q's in one array, as
     the packed Q/K/V product's columns do; else (q, k). One rotation then turns both."""
     B, T, H, D = q.shape
-    if k.dtype != q.dtype or k.strides != q.strides \
+    # An axis of length 1 may have any stride (a decode step's B = T = 1): only k's longer
+    # axes must step as q's do.
+    if k.dtype != q.dtype or any(sk != sq for sk, sq, n in zip(k.strides, q.strides, k.shape)
+                                 if n > 1) \
             or k.ctypes.data != q.ctypes.data + H * q.strides[2]:
         return q, k
     return (np.lib.stride_tricks.as_strided(q, (B, T, H + k.shape[2], D), q.strides),)

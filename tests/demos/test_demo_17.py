@@ -87,6 +87,11 @@ def test_the_figure_plots_the_loss(result, tmp_path, lang):
     names = written_without_missing_glyphs(D17, result, tmp_path, lang)
     assert names == ["17_finetune_loss.png", "17_finetune_loss.svg"]
     import _figures
-    fig = _figures.FigureWriter(tmp_path, "en", None).make(D17, result)["loss"]
+    fig = _figures.FigureWriter(tmp_path, lang, None).make(D17, result)["loss"]
     line = {line.get_gid(): line for line in fig.axes[0].get_lines()}["loss"]
     assert list(line.get_ydata()) == [r["loss"] for r in result["history"]]
+    # the title names the model the run trained and its rank
+    model = "SmolLM2" if result["model"] == "smollm2" else D17.TEXT[lang]["stand_in_short"]
+    title = fig.axes[0].get_title()
+    assert model in title and str(result["rank"]) in title
+    assert title == D17.TEXT[lang]["figure_title"].format(model=model, rank=result["rank"])
