@@ -30,7 +30,8 @@ def test_a_decode_step_counts_each_op_per_layer():
     assert _calls(profile) == {
         "weight products (4 per layer)": 4 * L, "the head (its product)": 1,
         "attention_core": L, "the cache write (KVCache._store)": L,
-        "apply_rope (q and k)": 2 * L, "RoPE cos/sin (once a step)": 1, "rms_norm": 2 * L + 1,
+        # q and k are neighbouring columns of the packed Q/K/V product: one rotation a layer
+        "apply_rope (q and k)": L, "RoPE cos/sin (once a step)": 1, "rms_norm": 2 * L + 1,
         "silu": L, "embed": 1, "the rest (adds, reshapes, Python)": 0}
     assert len(logits) == 2 + 2 * 2
     for got in logits[1:]:  # every step, timed or not, gives the same logits
