@@ -59,6 +59,8 @@ def _cell(value) -> str:
 def print_table(headers, rows, title: str | None = None, caption: str | None = None):
     """A table with rows of str, int or float; numbers are right-aligned."""
     rows = [list(r) for r in rows]
+    # Text, not str, here too: a caption such as "[out, in] storage" is not rich markup.
+    title, caption = (None if s is None else Text(s) for s in (title, caption))
     table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, header_style="bold",
                   title_style="bold", caption_style="dim", caption_justify="left", pad_edge=False)
     for i, h in enumerate(headers):
