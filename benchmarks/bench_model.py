@@ -266,13 +266,12 @@ def _hf_decoder(path, prompt, new_tokens, threads):
     (time, token) after each new token; None without torch and transformers."""
     try:
         import torch
-        from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        from .torch_ref import hf_model_from_gguf
     except ImportError:
         return None
-    torch.set_num_threads(int(threads))
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=torch.float32)
-    model.eval()
+    model = hf_model_from_gguf(path, threads)
     ids = torch.tensor([prompt])
 
     class Stamp(StoppingCriteria):

@@ -84,15 +84,13 @@ def hf_static_batches(prompts, outs, batch, threads=2):
     transformers."""
     try:
         import torch
-        from transformers import AutoModelForCausalLM
+        import transformers  # noqa: F401  (hf_model_from_gguf needs it)
+
+        from .torch_ref import hf_model_from_gguf
     except ImportError:
         return None
     from transformer_lab.pretrained.gguf import find_model
-    path = find_model()
-    torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                 dtype=torch.float32)
-    model.eval()
+    model = hf_model_from_gguf(find_model(), threads)
     pad = model.config.eos_token_id if model.config.pad_token_id is None \
         else model.config.pad_token_id
     start = time.perf_counter()

@@ -136,3 +136,19 @@ def _nested(params, copy):
             return [build(v, f"{path}[{i}]") for i, v in enumerate(node)]
         return copy[path]
     return build(params, "")
+
+
+def hf_model_from_gguf(path, threads):
+    """HF transformers' own model of a GGUF file, float32, in eval mode, at `threads`
+    torch threads. Its loading progress bars (tqdm, on stderr) are swallowed: they would
+    land between the tables. Needs transformers beside torch (ImportError without it)."""
+    import contextlib
+    import io
+
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(int(threads))
+    with contextlib.redirect_stderr(io.StringIO()):
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=torch.float32)
+    return model.eval()
