@@ -97,6 +97,21 @@ def test_save_replaces_by_rename(tmp_path, monkeypatch):
     assert calls == [(str(tmp_path), str(path))]  # written beside it, then renamed over it
 
 
+def test_saved_file_has_open_s_permissions_not_mkstemp_s(tmp_path):
+    # mkstemp makes an owner-only (0600) file; the saved file is for others to load too
+    cfg, params = small()
+    old = os.umask(0o022)
+    try:
+        tl.save_checkpoint(tmp_path / "a.npz", params, cfg)
+        os.umask(0o077)
+        tl.save_checkpoint(tmp_path / "b.npz", params, cfg)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.npz").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.npz").stat().st_mode & 0o777 == 0o600
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_truncated_file_is_a_value_error_naming_it(tmp_path):
     cfg, params = small()
     path = tmp_path / "model.npz"

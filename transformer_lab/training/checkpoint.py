@@ -81,10 +81,19 @@ def _decode(value, arrays):
     return value
 
 
+def _umask():
+    """The process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write(path, mode="w"):
     """Open a temporary file beside `path` for writing; on success it replaces `path` in one
-    rename, so a crash or Ctrl-C mid-write never damages the file that was there before."""
+    rename, so a crash or Ctrl-C mid-write never damages the file that was there before.
+    The file gets the permissions open() would give it (0666 less the umask), not
+    mkstemp's owner-only 0600: a saved model is for others on the machine to load too."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
@@ -93,6 +102,7 @@ def atomic_write(path, mode="w"):
             yield f
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before the rename makes them current
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         # Ctrl-C or a full disk mid-write: drop the partial file, keep the old one.
