@@ -83,8 +83,9 @@ TEXT = {
                       "float32 值）。质量在项目自己的一段 {T} 个 token 的文字上测量；AWQ 在另一段 "
                       "{C} 个 token 上校准。",
         "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，词表 {vocab}），代替 "
-                          "SmolLM2（--quick 或未安装）；其中人为放了几个大数值通道（范数增益与键的列 "
+                          "SmolLM2（{why}）；其中人为放了几个大数值通道（范数增益与键的列 "
                           "×{loud}），如训练过的模型那样。文字是 {T} 个随机 token。",
+        "why_quick": "--quick 只用它，求快", "why_missing": "SmolLM2 没有安装或读不出来",
         "bytes_title": "每解码一个 token 读的字节，与内存带宽允许的上限",
         "kind": "格式", "bits": "位/权重", "bytes_tok": "字节/token", "bound": "上限 tok/s",
         "kl": "KL/token", "agree": "top-1 一致", "ppl": "困惑度",
@@ -131,9 +132,11 @@ TEXT = {
                       "Q4_1, so the reference is those values in float32). Quality on {T} tokens "
                       "of a text of the project's own; AWQ calibrates on another, {C} tokens.",
         "model_stand_in": "Model: a small random model ({layers} layers, d={d}, vocab {vocab}) "
-                          "standing in for SmolLM2 (--quick, or not installed), with a few loud "
+                          "standing in for SmolLM2 ({why}), with a few loud "
                           "channels planted (norm gains and key columns ×{loud}) as trained "
                           "models have. The text is {T} random tokens.",
+        "why_quick": "--quick runs it, to be quick",
+        "why_missing": "SmolLM2 is not installed or would not load",
         "bytes_title": "Bytes read per decoded token, and the bound memory bandwidth allows",
         "kind": "format", "bits": "bits/weight", "bytes_tok": "bytes/token", "bound": "bound tok/s",
         "kl": "KL/token", "agree": "top-1 agree", "ppl": "perplexity",
@@ -357,6 +360,8 @@ def compute(quick=False):
     name, cfg, params, text, calibration, tokenizer = load_model(quick)
     weights, acts = weights_part(cfg, params, text, calibration, quick)
     return {"model": name, "n_layers": cfg.n_layers, "d_model": cfg.d_model, "vocab": cfg.vocab,
+            # why the stand-in runs: --quick keeps to it, or SmolLM2 would not load
+            "stand_in_why": None if name == "smollm2" else ("quick" if quick else "missing"),
             "tokens": int(text.shape[1]), "calibration_tokens": int(calibration.shape[1]),
             "weights": weights, "kv": kv_part(cfg, acts),
             "engine": engine_part(name, cfg, params, tokenizer, quick)}
@@ -461,7 +466,8 @@ def render(result, lang):
     else:
         print_text(t["model_stand_in"].format(layers=result["n_layers"], d=result["d_model"],
                                               vocab=result["vocab"], loud=LOUD / 5,
-                                              T=result["tokens"]))
+                                              T=result["tokens"],
+                                              why=t["why_" + result["stand_in_why"]]))
     print_section(t["bytes_title"])
     print_table([t["kind"], t["bits"], t["bytes_tok"], t["bound"]],
                 [[_name(r["kind"], g), _f(r["report"]["linear_bits"]),

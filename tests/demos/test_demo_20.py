@@ -98,6 +98,14 @@ def test_the_other_wordings(result):
 
 def test_quick_runs_on_the_stand_in_with_its_loud_channels_planted(result):
     assert result["model"] == "stand_in" and result["tokens"] == D20.QUICK_TOKENS
+    assert result["stand_in_why"] == "quick"  # and the text says so, not "or not installed"
+    bare = lambda text: "".join(text.replace("│", " ").split())  # noqa: E731 (zh wraps anywhere)
+    for lang in ("en", "zh"):
+        text = bare(rendered_text(D20, result, lang))
+        assert bare(D20.TEXT[lang]["why_quick"]) in text
+        assert bare(D20.TEXT[lang]["why_missing"]) not in text
+    missing = dict(result, stand_in_why="missing")
+    assert "SmolLM2 is not installed" in flat(rendered_text(D20, missing, "en"))
     _, cfg, params, _, _ = D20.stand_in()
     gains = params["blocks"][0]["attn_norm"]["weight"]
     assert np.sort(gains)[-2:].tolist() == [D20.LOUD, D20.LOUD]
