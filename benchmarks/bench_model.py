@@ -186,9 +186,9 @@ def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None, pr
     left out) for the packed params load_gguf gives (params.packed_order), the same weights
     as plain row-major [in, out] arrays, and HF transformers on the same GGUF (where torch
     and transformers are installed), one round of each in turn; and the read bound: the
-    params' bytes per token at the best read bandwidth measured beside the rounds; and where one
-    packed decode step's time goes (op_profile over `profile_steps` steps, 0: not run).
-    None without the model."""
+    params' bytes per token at the best read bandwidth measured beside the rounds; and
+    where one packed decode step's time goes (op_profile over `profile_steps` steps, 0:
+    not run). None without the model."""
     from transformer_lab import generate_stream
     from transformer_lab.measure import bandwidth_matrix, param_bytes, read_bandwidth
     from transformer_lab.pretrained.chat_template import apply_chat_template

@@ -213,9 +213,9 @@ def _describe(cfg):
 # [out, in] (PyTorch's and GGUF's own order): a Fortran-order [in, out] array, the
 # transposed view of an [out, in] row-major one, with the same shape and values. A tied
 # head's tok_emb [vocab, d] is then column-major, tok_emb.T its row-major [d, vocab].
-# products.matmul_rows sees the order and takes the form measured for it. (On the Intel
-# Xeon of issue 27, all four products [out, in] were 10-26 % faster than all [in, out]
-# from M=2 to 32 and level at M=1; docs/performance.md keeps both machines' tables.)
+# products.matmul_rows sees the order and takes the form measured for it. (On an Intel
+# Xeon VM, 30 November 2026, all four products [out, in] were 10-26 % faster than all
+# [in, out] from M=2 to 32 and level at M=1; docs/performance.md keeps both tables.)
 #
 # What is packed is said by the params themselves: the group is a PackedGroup, which
 # holds the packed array beside its keys. Writing into a view (p["wq"][:] = ...) writes

@@ -246,8 +246,9 @@ def _dequantize(tensor, want_shape, dtype, path, out=None):
     with np.errstate(invalid="ignore", over="ignore"):  # corrupt scales: reported just below
         if kind in quants.BLOCK_BYTES:  # by hand, into the file's [out, in] rows
             # Straight into `out` when its file-order view is row-major (a matrix params
-            # store [out, in]); else into rows of their own, copied into place below: a
-            # strided destination would take a cache miss per value.
+            # store [out, in]); a float32 `out` stored [in, out] by chunks of file rows (a
+            # strided destination would take a cache miss per value); any other into rows
+            # of their own, copied into place below.
             rows = None if out is None else (out.T if transpose else out)
             direct = rows is not None and out.dtype == np.float32
             if direct and not rows.flags.c_contiguous:  # e.g. [in, out] row-major: by chunks

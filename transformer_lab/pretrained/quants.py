@@ -16,8 +16,8 @@ is one llama.cpp reads); `dequantize` reads them back. The loader fills packed p
 which store a product's matrix [out, in] row-major as the file does where its input
 side is the longer (params.packed_order): `dequantize_into` writes the integers into
 their place (a byte each) and then scales in place, so no float32 copy is made and
-copied again; `dequantize_transposed` writes an [in, out] destination the same way. Every other
-storage type goes through gguf.quants.
+copied again; `dequantize_transposed` writes an [in, out] destination the same way.
+Every other storage type goes through gguf.quants.
 
 `fake_quant` is llm-awq's pseudo_quantize_tensor: round to nearest on a grid of 2^bits
 levels per group of `group_size` input rows, computed in float and given back in
