@@ -97,7 +97,7 @@ def test_the_ring_under_mpiexec():
             "assert np.allclose(out, sum(xs), rtol=1e-12, atol=1e-12)\n"
             "assert np.array_equal(c.all_gather(out[None]), np.stack([out] * c.size))\n"
             "assert c.stats['sendrecv']['bytes'] == 1001 * 8 * 2 * (c.size - 1) // c.size\n"
-            "print('ring ok', c.rank)\n")
+            "print(f'ring ok {c.rank}', flush=True)\n")
     out = mpi_run(2, ["-c", code], timeout=60)
     assert out.returncode == 0, out.stderr
     assert "ring ok 0" in out.stdout and "ring ok 1" in out.stdout
