@@ -9,7 +9,7 @@ an induction head in layer 1 matches the current token against that, finds the
 position right after the token's earlier occurrence, and copies what is there.
 The repeat's loss creeps down from chance for a while, then most of its fall
 comes within some fifty steps, as both heads appear: the phase change. Everything trains here, from random weights, with
-loss_and_grads and AdamW.
+loss_and_grads and AdamW, one train_step at a time.
 
 Unlike tasks.induction_task, whose repeat always starts half a sequence later,
 the length of the random part varies from row to row. With a fixed length a
@@ -27,8 +27,8 @@ import numpy as np
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import (fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import (ActivationRecord, AdamW, Config, clip_grad_norm, cosine_lr, forward,
-                             init_params, log_softmax, loss_and_grads, named_params)
+from transformer_lab import (ActivationRecord, AdamW, Config, cosine_lr, forward, init_params,
+                             log_softmax, named_params, train_step)
 from transformer_lab.measure import blas_threads
 
 NUMBER = 10
@@ -301,10 +301,8 @@ def train(quick=False, seed=SEED):
         if step == steps:
             break
         tokens, targets, _ = make_batch(batch, rng)
-        loss, grads = loss_and_grads(params, cfg, tokens, targets)
-        clip_grad_norm(grads, CLIP)
         opt.lr = lr
-        opt.step(grads)
+        loss, _ = train_step(params, cfg, opt, tokens, targets, clip=CLIP)
         train_loss.append(loss)
     seconds = time.perf_counter() - start
     return params, cfg, curve, train_loss, seconds, held_out

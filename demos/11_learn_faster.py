@@ -23,8 +23,8 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import fmt_time, print_observations, print_section, print_table, print_text
-from transformer_lab import (AdamW, clip_grad_norm, cosine_lr, cross_entropy, forward,
-                             gpt2_config, init_params, llama_config, loss_and_grads, named_params)
+from transformer_lab import (AdamW, cosine_lr, cross_entropy, forward, gpt2_config, init_params,
+                             llama_config, named_params, train_step)
 from transformer_lab.measure import blas_threads
 from transformer_lab.training.tasks import default_text_files, read_text, text_task
 
@@ -152,11 +152,16 @@ def n_params(params):
     return sum(int(a.size) for _, a in named_params(params))
 
 
-def sgd_step(params, grads, lr):
+class SGD:
     """Plain SGD in place: p -= lr * g for every array of the layout (lr a Python float, so
-    float32 stays float32)."""
-    for (_, p), (_, g) in zip(named_params(params), named_params(grads)):
-        p -= float(lr) * g
+    float32 stays float32); an optimizer train_step can step, as it steps AdamW."""
+
+    def __init__(self, params, lr):
+        self.params, self.lr = params, lr
+
+    def step(self, grads):
+        for (_, p), (_, g) in zip(named_params(self.params), named_params(grads)):
+            p -= float(self.lr) * g
 
 
 def train_once(setup, cfg, task, sizes, seed, eval_batch, steps=STEPS):
@@ -164,7 +169,7 @@ def train_once(setup, cfg, task, sizes, seed, eval_batch, steps=STEPS):
     evaluation batch afterwards. Demo 13 trains its attention designs with it too."""
     params = init_params(cfg, seed)
     rng = np.random.default_rng(seed)
-    opt = None
+    opt = SGD(params, setup["lr"])
     if setup["opt"] == "adamw":
         opt = AdamW(params, lr=setup["lr"], betas=BETAS, weight_decay=WEIGHT_DECAY)
     for step in range(steps):
@@ -173,13 +178,8 @@ def train_once(setup, cfg, task, sizes, seed, eval_batch, steps=STEPS):
             lr = cosine_lr(step, max_lr=lr, warmup=WARMUP, total=steps,
                            min_lr=MIN_SHARE * lr)
         tokens, targets = task.batch(sizes["batch"], rng)
-        _, grads = loss_and_grads(params, cfg, tokens, targets)
-        clip_grad_norm(grads, CLIP)
-        if opt is None:
-            sgd_step(params, grads, lr)
-        else:
-            opt.lr = lr
-            opt.step(grads)
+        opt.lr = lr
+        train_step(params, cfg, opt, tokens, targets, clip=CLIP)
     tokens, targets = eval_batch
     return cross_entropy(forward(params, cfg, tokens), targets)
 

@@ -27,14 +27,15 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import print_observations, print_section, print_table, print_text
-from transformer_lab import AdamW, clip_grad_norm, cosine_lr, init_params, llama_config, loss_and_grads
+from transformer_lab import AdamW, cosine_lr, init_params, llama_config, loss_and_grads, train_step
 from transformer_lab.measure import peak_traced_bytes, time_side_by_side, training_memory
 from transformer_lab.params import named_params
-from transformer_lab.pretrained.chat_template import END_OF_TURN, stop_token_ids
+from transformer_lab.pretrained.chat_template import END_OF_TURN
 from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL, BPETokenizer
 from transformer_lab.training import LoRA
+from transformer_lab.training.step import PROBE_STEPS, plan_steps
 from transformer_lab.training.chat_tasks import conversation, encode_example, get_chat_task, pad_rows
-from transformer_lab.training.checkpoint import load_model, save_model
+from transformer_lab.pretrained.model_file import load_model, save_model
 
 NUMBER = 17
 SEED = 17
@@ -42,7 +43,6 @@ RANK, ALPHA = 8, 16
 LR = 1e-3
 BATCH, QUICK_BATCH = 8, 2
 TRAIN_SECONDS = 240  # the full run's training time; its steps are planned from the first ones
-PROBE_STEPS = 3
 QUICK_STEPS = 4
 # A few steps on one batch: a larger step shows the fall; SmolLM2's loss overshoots
 # upward at 1e-2 by the fourth step (measured), the random stand-in needs it.
@@ -195,8 +195,7 @@ def load_base(stand_in):
 def replies(llm, tokenizer, users, max_tokens):
     from transformer_lab.serve.llm import LLM  # noqa: F401  (the engine answers)
     from transformer_lab.serve.sampling_params import SamplingParams
-    sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                              stop_token_ids=tuple(sorted(stop_token_ids(tokenizer))))
+    sampling = llm.chat_params(SamplingParams(temperature=0.0, max_tokens=max_tokens))
     return [o.text for o in llm.generate([conversation(u) for u in users], sampling,
                                          use_tqdm=False)]
 
@@ -218,14 +217,13 @@ def train(params, cfg, lora, batches, steps_or_seconds, lr, quick):
         tokens, targets = batches(step)
         opt.lr = cosine_lr(step, max_lr=lr, warmup=warmup, total=max(total, warmup + 1),
                            min_lr=lr / 10)
-        loss, grads = loss_and_grads(params, cfg, tokens, targets, lora=lora)
-        clip_grad_norm(grads, 1.0)
-        opt.step(grads)
+        loss, _ = train_step(params, cfg, opt, tokens, targets, lora=lora)
         step += 1
         elapsed = time.perf_counter() - start
         history.append({"step": step, "loss": float(loss), "lr": opt.lr, "elapsed": elapsed})
-        if not quick and step == PROBE_STEPS:  # plan the rest from the measured time
-            total = max(warmup + 1, int(steps_or_seconds / (elapsed / step)))
+        if not quick and step >= PROBE_STEPS:  # plan the rest from the measured time
+            total = max(warmup + 1, plan_steps(step, elapsed, history[0]["elapsed"],
+                                               steps_or_seconds, 10 ** 9))
         if not quick and elapsed >= steps_or_seconds:
             break
     return history

@@ -24,9 +24,9 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import fmt_time, print_observations, print_section, print_table, print_text
-from transformer_lab import (ActivationRecord, AdamW, clip_grad_norm, cosine_lr, cross_entropy,
-                             format_info, forward, init_params, loss_and_grads, named_params,
-                             round_to)
+from transformer_lab import (ActivationRecord, AdamW, cosine_lr, cross_entropy, format_info,
+                             forward, init_params, loss_and_grads, named_params, round_to,
+                             train_step)
 from transformer_lab.measure import blas_threads
 from transformer_lab.training.mixed import Precision, make_precision
 
@@ -455,18 +455,14 @@ def train_run(run, cfg, task, sizes, seed, eval_batch, steps, d11):
         opt.lr = cosine_lr(step, max_lr=setup["lr"], warmup=warmup, total=steps,
                            min_lr=d11.MIN_SHARE * setup["lr"])
         batch = task.batch(sizes["batch"], rng)
-        loss, grads = precision.loss_and_grads(params, cfg, *batch)
-        curve.append(float(loss))
-        if grads is None:  # the scaler skipped this step
-            continue
-        if run.startswith("fp16") and step in (0, steps - 1):
-            flushed.append(flushed_share(params, cfg, batch, grads))
-        clip_grad_norm(grads, d11.CLIP)
         last = step == steps - 1
         before = [p.copy() for _, p in named_params(params)] if last else None
-        opt.step(grads)
-        precision.after_step(params)
-        if last:
+        watch = run.startswith("fp16") and step in (0, steps - 1)  # what fp16 flushed
+        loss, _ = train_step(params, cfg, opt, *batch, clip=d11.CLIP, precision=precision,
+                             on_grads=(lambda g: flushed.append(
+                                 flushed_share(params, cfg, batch, g))) if watch else None)
+        curve.append(float(loss))
+        if last and not precision.skipped_last:  # a step the scaler skipped moved nothing
             moved = [p != b for (_, p), b in zip(named_params(params), before)]
             still = float(1 - np.mean(np.concatenate([m.ravel() for m in moved])))
     tokens, targets = eval_batch

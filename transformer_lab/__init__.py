@@ -6,7 +6,7 @@ from .flash import (flash_attention, flash_attention_backward, flash_blocks, fla
                     merge_attention)
 from .training.backward import loss_and_grads
 from .cache import CacheProtocol, KVCache, MLAKVCache, StreamingCache
-from .training.checkpoint import load_checkpoint, save_checkpoint
+from .pretrained.model_file import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .pretrained.gguf import find_model, load_gguf
 from .pretrained.quants import awq_scales, fake_quant, quantize_model
@@ -19,6 +19,7 @@ from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backwar
                   gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
                   rms_norm_backward, silu, silu_backward, softmax)
 from .training.optim import AdamW, clip_grad_norm, cosine_lr
+from .training.step import train_step
 from .precision import DynamicLossScaler, format_info, round_to
 from .positions import apply_rope, apply_rope_backward, rope_angles, sinusoidal_pe
 from .training.tasks import TASKS, Task, get_task
@@ -42,7 +43,7 @@ __all__ = [
     "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",
     "apply_rope_backward", "attention_core_backward", "cross_entropy_backward",
     "load_gguf", "find_model", "BPETokenizer", "quantize_model", "fake_quant", "awq_scales",
-    "AdamW", "clip_grad_norm", "cosine_lr", "save_checkpoint", "load_checkpoint",
+    "AdamW", "clip_grad_norm", "cosine_lr", "train_step", "save_checkpoint", "load_checkpoint",
     "TASKS", "Task", "get_task",
     "round_to", "format_info", "DynamicLossScaler",
 ]

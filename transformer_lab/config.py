@@ -23,6 +23,19 @@ MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
+def check_dtype(dtype, who) -> np.dtype:
+    """np.dtype(dtype) when it is float32 or float64, else ValueError naming `who`."""
+    try:
+        # np.dtype(None) means float64; a caller should say which float it wants.
+        wanted = None if dtype is None else np.dtype(dtype)
+    except TypeError:
+        wanted = None
+    # `is None` first: np.dtype("float64") == None is True, so `None in DTYPES` would pass.
+    if wanted is None or wanted not in DTYPES:
+        raise ValueError(f"{who} must be float32 or float64, got {dtype!r}")
+    return wanted
+
+
 @dataclass(frozen=True)
 class Config:
     vocab: int
@@ -82,15 +95,7 @@ class Config:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))
-        try:
-            # np.dtype(None) means float64; a config should say which float it wants.
-            dtype = None if self.dtype is None else np.dtype(self.dtype)
-        except TypeError:
-            dtype = None
-        # `is None` first: np.dtype("float64") == None is True, so `None in DTYPES` would pass.
-        if dtype is None or dtype not in DTYPES:
-            raise ValueError(f"Config.dtype must be float32 or float64, got {self.dtype!r}")
-        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "dtype", check_dtype(self.dtype, "Config.dtype"))
 
     def _check_attention(self):
         """attention and the MLA dims: set only with attention="mla", and all of them there."""

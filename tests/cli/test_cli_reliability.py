@@ -341,12 +341,12 @@ def test_chat_notes_characters_the_vocabulary_drops_once_per_session():
 
 def corrupt_model_package(tmp_path):
     """A package of the model's name holding a cut-off GGUF file, found before the real one."""
-    from transformer_lab.pretrained.gguf import MODEL_FILE, MODEL_PACKAGE
+    from transformer_lab.pretrained.gguf import DEFAULT_GGUF, MODEL_PACKAGE
     package = tmp_path / MODEL_PACKAGE
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / MODEL_FILE).write_bytes(b"GGUF\x03\x00")
-    return package / MODEL_FILE
+    (package / DEFAULT_GGUF).write_bytes(b"GGUF\x03\x00")
+    return package / DEFAULT_GGUF
 
 
 def test_demo_09_names_a_corrupt_model_file_and_says_how_to_reinstall(tmp_path):

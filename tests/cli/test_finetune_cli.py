@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tiny_model import write_tiny_model
-from transformer_lab.cli import finetune, train
+from transformer_lab.cli import train, train_loop
 from transformer_lab.params import named_params
-from transformer_lab.training.checkpoint import load_adapters, load_model, save_checkpoint
+from transformer_lab.pretrained.model_file import load_adapters, load_model, save_checkpoint
 
 FAST = ["--task", "json-extract", "--batch", "2", "--eval", "1"]
 
@@ -65,7 +65,7 @@ def test_a_full_fine_tune_changes_every_weight(tiny_model, tmp_path, capsys):
 def test_minutes_stop_the_run_by_the_clock(tiny_model, tmp_path, capsys, monkeypatch):
     path = tiny_model[0]
     clock = iter(np.arange(0.0, 1e6, 1.0))  # every reading of the clock is one second later
-    monkeypatch.setattr(finetune, "clock", lambda: float(next(clock)))
+    monkeypatch.setattr(train_loop, "clock", lambda: float(next(clock)))
     assert train.main(["--init", str(path), *FAST, "--eval", "0", "--lora", "2",
                        "--minutes", "0.5", "--out", str(tmp_path / "m")]) == 0
     history = json.loads((tmp_path / "m" / "history.json").read_text())["history"]
@@ -88,7 +88,7 @@ def test_a_plan_made_on_slow_first_steps_grows_when_the_steps_get_faster(
             times.append(now)
             now += tick
     clock = iter(times)
-    monkeypatch.setattr(finetune, "clock", lambda: float(next(clock)))
+    monkeypatch.setattr(train_loop, "clock", lambda: float(next(clock)))
     assert train.main(["--init", str(tiny_model[0]), *FAST, "--eval", "0", "--lora", "2",
                        "--minutes", "1", "--out", str(tmp_path / "m")]) == 0
     history = json.loads((tmp_path / "m" / "history.json").read_text())["history"]
@@ -97,13 +97,13 @@ def test_a_plan_made_on_slow_first_steps_grows_when_the_steps_get_faster(
 
 def test_ctrl_c_saves_whole_files_and_exits_130(tiny_model, tmp_path, capsys, monkeypatch):
     path = tiny_model[0]
-    real_step = finetune.train_step
+    real_step = train_loop.train_step
 
     def step_then_ctrl_c(*args, **kwargs):
         result = real_step(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGINT)  # Interrupted turns it into "stop after this step"
         return result
-    monkeypatch.setattr(finetune, "train_step", step_then_ctrl_c)
+    monkeypatch.setattr(train_loop, "train_step", step_then_ctrl_c)
     out = tmp_path / "c"
     assert train.main(["--init", str(path), *FAST, "--lora", "2", "--steps", "5",
                        "--out", str(out)]) == 130

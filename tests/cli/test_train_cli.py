@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import transformer_lab as tl
-from transformer_lab.cli import train
+from transformer_lab.cli import train, train_loop
+from transformer_lab.training.step import train_step
 
 from paths import ROOT
 ANSI = "\x1b["
@@ -144,7 +145,7 @@ def test_ctrl_c_then_resume_is_the_same_run(tmp_path, monkeypatch):
     common = ["--quick", "--task", "reverse", "--steps", "6", "--samples", "0"]
     assert train.main([*common, "--out", str(straight)]) == 0
 
-    real_step, calls = train.train_step, []
+    real_step, calls = train_loop.train_step, []
 
     def step_then_ctrl_c(*args, **kwargs):
         result = real_step(*args, **kwargs)
@@ -153,10 +154,10 @@ def test_ctrl_c_then_resume_is_the_same_run(tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C during step 3
         return result
 
-    monkeypatch.setattr(train, "train_step", step_then_ctrl_c)
+    monkeypatch.setattr(train_loop, "train_step", step_then_ctrl_c)
     assert train.main([*common, "--out", str(split)]) == 130
     assert tl.load_checkpoint(split / "checkpoint.npz")[2]["step"] == 3
-    monkeypatch.setattr(train, "train_step", real_step)
+    monkeypatch.setattr(train_loop, "train_step", real_step)
     assert train.main([*common, "--out", str(split), "--resume"]) == 0
     _, end_a, extra_a = tl.load_checkpoint(straight / "checkpoint.npz")
     _, end_b, extra_b = tl.load_checkpoint(split / "checkpoint.npz")
@@ -239,7 +240,7 @@ def test_training_loop_learns_and_clip_none_measures():
     for step in range(60):
         tokens, targets = task.batch(16, rng)
         opt.lr = tl.cosine_lr(step, max_lr=1e-2, warmup=6, total=60, min_lr=1e-3)
-        loss, norm = train.train_step(params, cfg, opt, tokens, targets, clip=1.0)
+        loss, norm = train_step(params, cfg, opt, tokens, targets, clip=1.0)
         losses.append(loss)
     assert np.mean(losses[:5]) > 3.0  # about log(27) at the start
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses[::10]  # 3.27 -> 2.41
@@ -248,5 +249,5 @@ def test_training_loop_learns_and_clip_none_measures():
     tokens, targets = task.batch(4, rng)
     _, grads = tl.loss_and_grads(params, cfg, tokens, targets)
     want = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for _, g in tl.named_params(grads)))
-    _, norm = train.train_step(params, cfg, opt, tokens, targets, clip=None)
+    _, norm = train_step(params, cfg, opt, tokens, targets, clip=None)
     assert abs(norm - want) <= 1e-5 * want

@@ -61,11 +61,11 @@ def test_the_two_blocks_differ_as_stated_at_about_the_same_size():
     assert abs(p1 - p2) < 0.1 * p1
 
 
-def test_sgd_step_is_p_minus_lr_g_in_place_and_keeps_float32():
+def test_sgd_is_p_minus_lr_g_in_place_and_keeps_float32():
     params = {"a": np.ones((2, 3), np.float32), "b": [{"c": np.full(4, 2.0, np.float32)}]}
     grads = {"a": np.full((2, 3), 0.5, np.float32), "b": [{"c": np.ones(4, np.float32)}]}
     a = params["a"]
-    D11.sgd_step(params, grads, 0.1)
+    D11.SGD(params, 0.1).step(grads)
     assert params["a"] is a and a.dtype == np.float32
     np.testing.assert_allclose(a, 0.95)
     np.testing.assert_allclose(params["b"][0]["c"], 1.9)

@@ -5,7 +5,7 @@ import numpy as np
 
 from transformer_lab import init_params, llama_config
 from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL, BPETokenizer
-from transformer_lab.training.checkpoint import save_model
+from transformer_lab.pretrained.model_file import save_model
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "a m", "e r"]

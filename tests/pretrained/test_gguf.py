@@ -173,10 +173,10 @@ def test_find_model_locates_the_file_without_importing_the_package(tmp_path, mon
     package = tmp_path / gguf_loader.MODEL_PACKAGE
     package.mkdir()
     (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
-    (package / gguf_loader.MODEL_FILE).write_bytes(b"GGUF")
+    (package / gguf_loader.DEFAULT_GGUF).write_bytes(b"GGUF")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, gguf_loader.MODEL_PACKAGE, raising=False)
-    assert find_model() == package / gguf_loader.MODEL_FILE
+    assert find_model() == package / gguf_loader.DEFAULT_GGUF
     assert gguf_loader.MODEL_PACKAGE not in sys.modules
 
 
@@ -324,6 +324,8 @@ def test_bad_dtype(model_file):
     path, _, _ = model_file
     with pytest.raises(ValueError, match="dtype must be float32 or float64"):
         load_gguf(path, dtype=np.int8)
+    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        load_gguf(path, dtype="no such dtype")  # np.dtype's TypeError, named as ours
 
 
 def test_gguf_package_missing(model_file, monkeypatch):

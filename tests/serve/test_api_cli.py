@@ -135,7 +135,7 @@ def test_missing_model_and_taken_port_are_one_line_and_exit_1(model_file, tmp_pa
 
 
 def test_the_loading_line_names_the_file_whose_stem_is_served(monkeypatch, capsys):
-    from transformer_lab.pretrained.gguf import MODEL_FILE
+    from transformer_lab.pretrained.gguf import DEFAULT_GGUF
     from transformer_lab.serve import __main__ as cli
 
     def no_model(args):
@@ -143,8 +143,8 @@ def test_the_loading_line_names_the_file_whose_stem_is_served(monkeypatch, capsy
     monkeypatch.setattr(cli, "load_engine", no_model)
     assert main([]) == 1
     first = capsys.readouterr().err.splitlines()[0]
-    assert first == f"loading the default model ({MODEL_FILE}) ..."
-    assert MODEL_FILE.endswith(".gguf")  # served as the stem, as /v1/models lists it
+    assert first == f"loading the default model ({DEFAULT_GGUF}) ..."
+    assert DEFAULT_GGUF.endswith(".gguf")  # served as the stem, as /v1/models lists it
 
 
 def test_a_fine_tunes_model_file_is_served_by_its_runs_name(tmp_path):

@@ -7,6 +7,7 @@ import pytest
 from transformer_lab import (AdamW, DynamicLossScaler, forward, init_params, llama_config,
                              loss_and_grads, named_params, round_to)
 from transformer_lab.cli import train
+from transformer_lab.training.step import train_step
 from transformer_lab.precision import computing_in
 from transformer_lab.training.mixed import Precision, make_precision
 
@@ -92,7 +93,7 @@ def test_an_overflowing_scale_skips_the_step_and_backs_off(batch):
     scaler = DynamicLossScaler(init=2.0 ** 40)  # scaled grads far past FP16's 65504
     precision = Precision("fp16-mixed", scaler)
     opt = AdamW(params, lr=1e-2)
-    loss, norm = train.train_step(params, CFG, opt, *batch, precision=precision)
+    loss, norm = train_step(params, CFG, opt, *batch, precision=precision)
     assert math.isfinite(loss) and norm == math.inf and precision.skipped_last
     assert scaler.scale == 2.0 ** 39 and scaler.skipped == 1 and opt.step_count == 0
     for a, b in zip(leaves(params), before):
@@ -103,7 +104,7 @@ def test_bf16_weights_stay_on_the_grid_and_lose_tiny_updates(batch):
     params = init_params(CFG, seed=0)
     precision = Precision("bf16")
     opt = AdamW(params, lr=1e-3, weight_decay=0.0)
-    train.train_step(params, CFG, opt, *batch, precision=precision)
+    train_step(params, CFG, opt, *batch, precision=precision)
     for a in leaves(params):
         np.testing.assert_array_equal(round_to(a, "bf16"), a)
     gain = params["blocks"][0]["attn_norm"]["weight"]  # ones: BF16's spacing above 1 is 2^-7
@@ -154,10 +155,10 @@ def test_cli_rejects_an_unknown_precision(capsys):
 def test_fp32_precision_combines_with_micro_batches(batch):
     params, plain = init_params(CFG, seed=0), init_params(CFG, seed=0)
     for p, precision in ((params, Precision("fp32")), (plain, None)):
-        train.train_step(p, CFG, AdamW(p, lr=1e-2), *batch, precision=precision, micro_batches=2)
+        train_step(p, CFG, AdamW(p, lr=1e-2), *batch, precision=precision, micro_batches=2)
     for a, b in zip(leaves(params), leaves(plain)):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=r"precision= .* does not combine with lora, checkpoint "
                                          r"or micro_batches"):
-        train.train_step(params, CFG, AdamW(params), *batch, precision=Precision("bf16-mixed"),
+        train_step(params, CFG, AdamW(params), *batch, precision=Precision("bf16-mixed"),
                          micro_batches=2)

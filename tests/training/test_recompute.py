@@ -170,7 +170,7 @@ def test_errors():
 @pytest.mark.parametrize("lora_on", [False, True], ids=["full", "lora"])
 def test_train_step_takes_micro_batches(lora_on):
     from transformer_lab import AdamW
-    from transformer_lab.cli.train import train_step
+    from transformer_lab.training.step import train_step
     cfg = LLAMA
     tokens, targets = batch(cfg, B=4)
     targets[3, 1:] = -1

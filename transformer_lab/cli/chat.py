@@ -31,7 +31,7 @@ from . import (EXIT_INTERRUPTED, OneLineParser, non_empty_path, non_negative_int
                number_at_least, positive_int, silence_stdout)
 from ..pretrained.chat_template import apply_chat_template, stop_token_ids
 from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model
-from ..training.checkpoint import load_model
+from ..pretrained.model_file import load_model
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
 from ..generation import generate_stream
 from ..speculative import parse_speculate, speculative_stream, stats_line

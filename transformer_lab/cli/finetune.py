@@ -16,7 +16,6 @@ train.py parses and checks the options (resolve_finetune); this file runs them:
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 
@@ -25,17 +24,16 @@ import numpy as np
 from ..measure import peak_rss_bytes, set_blas_threads
 from ..params import named_params
 from ..pretrained.chat_template import stop_token_ids
+from ..pretrained.model_file import (MODEL_FILE, config_to_dict, load_model, save_adapters,
+                                     save_model)
 from ..training.chat_tasks import RETENTION, conversation, encode_example, get_chat_task
-from ..training.checkpoint import (MODEL_FILE, config_to_dict, load_model, save_adapters,
-                                   save_model)
 from ..training.optim import AdamW, cosine_lr
-from .train_loop import (ADAPTER_FILE, HISTORY, Interrupted, Progress, train_step,
-                         write_json_atomic)
+from ..training.step import PROBE_STEPS, plan_steps
+from . import EXIT_INTERRUPTED
+from .train_loop import ADAPTER_FILE, HISTORY, Interrupted, Progress, run_steps, write_json_atomic
 
 SMOLLM2 = "smollm2"  # --init's name for the installed default model
-PROBE_STEPS = 3  # steps timed before the first plan (the first one is slower: caches, pages)
 MAX_WARMUP = 10  # a --minutes run's warmup: a tenth of its planned steps, at most this
-clock = time.perf_counter  # the training loop's clock (a test may replace it)
 
 
 def load_init(spec):
@@ -47,25 +45,12 @@ def engine_replies(llm):
     """replies(users, max_new_tokens) -> greedy reply texts, through the serving engine
     `llm`, each user turn in the task's conversation (the default system turn first)."""
     from ..serve.sampling_params import SamplingParams
-    stops = tuple(sorted(stop_token_ids(llm.tokenizer)))
 
     def replies(users, max_new_tokens):
-        sampling = SamplingParams(temperature=0.0, max_tokens=max_new_tokens,
-                                  stop_token_ids=stops)
+        sampling = llm.chat_params(SamplingParams(temperature=0.0, max_tokens=max_new_tokens))
         outputs = llm.generate([conversation(u) for u in users], sampling, use_tqdm=False)
         return [o.text for o in outputs]
     return replies
-
-
-def plan_steps(step, elapsed, first_seconds, budget, cap) -> int:
-    """The total steps that fit `budget` seconds, from the time per step measured so far
-    (the first step left out when there are others: it pays for warming up)."""
-    if step > 1:
-        per_step = (elapsed - first_seconds) / (step - 1)
-    else:
-        per_step = elapsed
-    planned = step + int(max(0.0, budget - elapsed) / max(per_step, 1e-9))
-    return min(cap, planned)
 
 
 def _fraction(pair) -> str:
@@ -126,45 +111,25 @@ def run_finetune(args, parser) -> int:
         + (f", {args.micro_batches} micro-batches" if args.micro_batches > 1 else "")
         + (f"; {args.minutes:g} minutes" if budget else f"; {total} steps"))
 
-    history, step = [], 0
-    first_seconds = 0.0
+    def replan(step, elapsed, first_seconds):  # --minutes: the steps, and so the schedule
+        total = plan_steps(step, elapsed, first_seconds, budget, args.steps)
+        if not args.warmup_given:
+            args.warmup = min(MAX_WARMUP, max(1, total // 10))
+        return max(total, args.warmup + 1)
+
+    history = []
     with progress:
         with Interrupted() as stop:
-            t0 = clock()
-            while step < total and not stop.requested:
-                elapsed = clock() - t0
-                if budget is not None and elapsed >= budget:
-                    break
-                tokens, targets = task.batch(tokenizer, args.batch, rng)
-                opt.lr = cosine_lr(step, max_lr=args.lr, warmup=args.warmup, total=total,
-                                   min_lr=args.min_lr)
-                start = clock()
-                loss, norm = train_step(params, cfg, opt, tokens, targets, clip=args.clip,
-                                        lora=lora, checkpoint=args.checkpoint,
-                                        micro_batches=args.micro_batches)
-                seconds = clock() - start
-                if not (math.isfinite(loss) and math.isfinite(norm)):
-                    progress.print(f"error: the loss became {loss} (grad norm {norm}) at step "
-                                   f"{step + 1}; nothing was saved. Try a lower --lr.")
-                    return 1
-                step += 1
-                elapsed = clock() - t0
-                if step == 1:
-                    first_seconds = elapsed
-                if budget is not None and step >= PROBE_STEPS:
-                    total = plan_steps(step, elapsed, first_seconds, budget, args.steps)
-                    if not args.warmup_given:
-                        args.warmup = min(MAX_WARMUP, max(1, total // 10))
-                    total = max(total, args.warmup + 1)
-                    progress.set_total(total)
-                row = {"step": step, "loss": loss, "grad_norm": norm, "lr": opt.lr,
-                       "seconds": seconds, "tokens_per_s": tokens.size / seconds,
-                       "supervised": int((targets >= 0).sum()), "elapsed": elapsed}
-                if budget is not None:
-                    row["left_s"] = max(0.0, budget - elapsed)
-                history.append(row)
-                progress.update(row)
-            train_seconds = clock() - t0
+            step, ok = run_steps(
+                params, cfg, opt, lambda: task.batch(tokenizer, args.batch, rng),
+                lambda step, total: cosine_lr(step, max_lr=args.lr, warmup=args.warmup,
+                                              total=total, min_lr=args.min_lr),
+                step=0, total=total, progress=progress, stop=stop, history=history,
+                budget=budget, replan=replan, clip=args.clip, lora=lora,
+                checkpoint=args.checkpoint, micro_batches=args.micro_batches)
+            if not ok:
+                return 1
+            train_seconds = history[-1]["elapsed"] if history else 0.0
             # Still inside Interrupted: a Ctrl-C now waits for the files to be written whole.
             merged = lora.merge(params) if lora else params
             info = {"task": task.name, "init": args.init, "lora": args.lora,
@@ -183,7 +148,7 @@ def run_finetune(args, parser) -> int:
         print(f"interrupted at step {step}: saved the model trained so far to {files}",
               file=sys.stderr)
         write_json_atomic(args.out / HISTORY, _history(args, cfg, info, history, before, None))
-        return 130
+        return EXIT_INTERRUPTED
 
     recent = history[-min(len(history), 10):]
     tokens_per_s = sum(r["tokens_per_s"] * r["seconds"] for r in history) \

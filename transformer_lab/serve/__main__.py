@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import OneLineParser, int_at_least, non_empty_path
-from ..pretrained.gguf import MODEL_FILE
-from ..training.checkpoint import MODEL_FILE as RUN_MODEL_FILE
+from ..pretrained.gguf import DEFAULT_GGUF
+from ..pretrained.model_file import MODEL_FILE
 from .api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from .engine_loop import BATCHING
 from .speculative_config import SpeculativeConfig
@@ -141,9 +141,9 @@ def load_engine(args):
 def served_name(path) -> str:
     """The model's default name in the API: the file's stem (SmolLM2-135M-Instruct-Q4_1),
     or, for a fine-tune's runs/DIR/model.npz, the run's directory (DIR): every fine-tune
-    writes a file of that one name (training.checkpoint.MODEL_FILE)."""
+    writes a file of that one name (pretrained.model_file.MODEL_FILE)."""
     path = Path(path)
-    if path.name == RUN_MODEL_FILE and path.parent.name:
+    if path.name == MODEL_FILE and path.parent.name:
         return path.parent.name
     return path.stem
 
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     server = None
     try:
         # The file's name: the model is served under its stem (see load_engine).
-        print(f"loading {args.model or f'the default model ({MODEL_FILE})'} ...",
+        print(f"loading {args.model or f'the default model ({DEFAULT_GGUF})'} ...",
               file=sys.stderr, flush=True)
         try:
             llm, name = load_engine(args)

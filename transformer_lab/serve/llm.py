@@ -146,7 +146,7 @@ class LLM:
     """
 
     def __init__(self, model=None, *, dtype=np.float32, **options):
-        from ..training.checkpoint import load_model
+        from ..pretrained.model_file import load_model
         cfg, params, tokenizer = load_model(model, dtype=dtype)  # a GGUF file or a model.npz
         self._setup(cfg, params, tokenizer, **options)
 

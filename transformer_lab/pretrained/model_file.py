@@ -1,4 +1,8 @@
-"""Checkpoints: params, config and anything else in one .npz, written atomically.
+"""Model files: params, config and anything else in one .npz, written atomically.
+
+Three kinds share the format: a training checkpoint (save_checkpoint, with the optimizer
+state in `extra`), a model that runs alone (save_model / load_model: MODEL_FILE, with
+its tokenizer; load_model also reads a GGUF file) and LoRA adapters (save_adapters).
 
 The file is a plain NumPy .npz that loads with allow_pickle=False:
 
@@ -26,8 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import DTYPES, Config
-from ..params import check_params, map_params, named_params, param_shapes
+from ..config import Config, check_dtype
+from ..params import check_params, map_params, named_params, pack_weights, param_shapes
+from .chat_template import SMOLLM2_SYSTEM_PROMPT
+from .gguf import GGUF_MAGIC, find_model, load_gguf
+from .tokenizer import BPETokenizer
 
 # The file a fine-tune writes its model to, runs/DIR/model.npz (cli/finetune.py), which
 # chat and serve load by path and serve names DIR.
@@ -193,7 +200,6 @@ CHAT_TEMPLATE = "chatml"  # the one pretrained/chat_template.py writes
 def save_model(path, params, cfg: Config, tokenizer, **extra):
     """Write a model file: params, cfg, the tokenizer (vocabulary, merges, special-token
     types) and the chat template's name, plus `extra` (how it was trained), atomically."""
-    from ..pretrained.chat_template import SMOLLM2_SYSTEM_PROMPT
     return save_checkpoint(path, params, cfg, kind=MODEL_KIND, tokenizer=tokenizer.to_dict(),
                            chat_template={"name": CHAT_TEMPLATE,
                                           "default_system": SMOLLM2_SYSTEM_PROMPT},
@@ -205,15 +211,7 @@ def load_model(path=None, dtype=np.float32):
     GGUF file (None: the installed default model). The weights come back packed
     (pack_weights), in `dtype`. A checkpoint without a tokenizer, or a file that is
     neither, raises ValueError naming it."""
-    from ..params import pack_weights
-    from ..pretrained.gguf import GGUF_MAGIC, find_model, load_gguf
-    from ..pretrained.tokenizer import BPETokenizer
-    try:
-        wanted = np.dtype(dtype)
-    except TypeError:
-        wanted = None
-    if wanted not in DTYPES:
-        raise ValueError(f"load_model: dtype must be float32 or float64, got {dtype!r}")
+    wanted = check_dtype(dtype, "load_model: dtype")
     path = find_model(path)
     with open(path, "rb") as f:
         magic = f.read(4)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import transformer_lab as tl
-from transformer_lab.training import checkpoint as ckpt
+from transformer_lab.pretrained import model_file as ckpt
 
 
 def small(dtype=np.float32):

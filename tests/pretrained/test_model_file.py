@@ -7,7 +7,7 @@ from tiny_model import tiny_tokenizer, write_tiny_model
 from transformer_lab import save_checkpoint
 from transformer_lab.params import PackedGroup, named_params
 from transformer_lab.pretrained.tokenizer import BPETokenizer
-from transformer_lab.training.checkpoint import (load_adapters, load_model, save_adapters,
+from transformer_lab.pretrained.model_file import (load_adapters, load_model, save_adapters,
                                                  save_model)
 
 TEXT = "<|im_start|>user\nthe hammer, 7 数字 🙂<|im_end|>"
