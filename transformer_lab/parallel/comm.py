@@ -24,9 +24,9 @@ Before each call the ranks exchange a small header (which call, dtype, shape), s
 mismatched shapes, dtypes or calls are a CollectiveMismatch on every rank, not a hang or
 silently wrong numbers. `comm.stats` counts, per call, the calls made and the payload
 bytes this rank sent (headers excluded), counted as the bandwidth-optimal algorithm sends
-them: reduce_scatter sends every part but one's own, (S - S_r); all_gather sends its own
+them: reduce_scatter sends every part but its own, (S - S_r); all_gather sends its own
 part to each other rank, (N - 1) S_r; all_reduce is the two, 2 (N - 1) / N S when N divides
-S; broadcast's root sends (N - 1) S; point-to-point calls count what they send. Where
+S (2 (N - 1) S summed over the ranks, whatever S); broadcast's root sends (N - 1) S; point-to-point calls count what they send. Where
 the lesson's formulas are checked, the ring (parallel/ring.py) counts its own sendrecvs.
 
 mpi4py is imported only when an MPIComm is made: the package imports without it.
@@ -148,7 +148,7 @@ class Comm:
         fold = {"sum": np.add, "max": np.maximum, "min": np.minimum}[op]
         for p in parts[1:]:
             fold(out, p, out=out)
-        self._count("all_reduce", _all_reduce_bytes(a, self.size))
+        self._count("all_reduce", _all_reduce_bytes(a, self.size, self.rank))
         return out
 
     def reduce_scatter(self, x):
@@ -227,14 +227,13 @@ class Comm:
         return _ThreadRequest(self, lambda: self.all_reduce(x, op))
 
 
-def _all_reduce_bytes(a, n):
-    """reduce-scatter then all-gather over array_split parts: (S - S_r) + (N - 1) S_r,
-    2 (N - 1) / N S for parts of equal size."""
-    if a.ndim == 0 or n == 1:
-        return 2 * (n - 1) * a.nbytes // max(n, 1)
-    own = np.array_split(np.empty(a.shape[0], dtype=np.bool_), n)[0].size  # rank-independent
-    per_row = a.nbytes // max(a.shape[0], 1)
-    return (a.shape[0] - own) * per_row + (n - 1) * own * per_row if a.shape[0] else 0
+def _all_reduce_bytes(a, n, rank):
+    """reduce-scatter then all-gather over array_split parts along axis 0 (of the flattened
+    array for a scalar): (S - S_r) + (N - 1) S_r, which is 2 (N - 1)/N S when the parts are
+    equal, and 2 (N - 1) S summed over the ranks in any case."""
+    rows = a.shape[0] if a.ndim else 1
+    own = split_sizes(rows, n)[rank] * (a.nbytes // rows if rows else 0)
+    return (a.nbytes - own) + (n - 1) * own
 
 
 class _ThreadRequest:
@@ -490,7 +489,7 @@ class MPIComm(Comm):
         self._headers("all_reduce", a)
         out = np.empty_like(a)
         self._comm.Allreduce(a, out, op=self._ops[op])
-        self._count("all_reduce", _all_reduce_bytes(a, self.size))
+        self._count("all_reduce", _all_reduce_bytes(a, self.size, self.rank))
         return out
 
     def iall_reduce(self, x, op="sum"):
@@ -628,7 +627,7 @@ class _MPIRequest:
     def wait(self):
         self.comm.MPI.Request.Waitall(self.requests)
         check_headers("all_reduce", [_decode(h) for h in self.headers])
-        self.comm._count("all_reduce", _all_reduce_bytes(self.a, self.comm.size))
+        self.comm._count("all_reduce", _all_reduce_bytes(self.a, self.comm.size, self.comm.rank))
         return self.out
 
 
