@@ -248,16 +248,14 @@ def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None, pr
 def _decode_step_profile(cfg, params, prompt, token, steps):
     """op_profile of one decode step: `token` after the prompt, the cache rolled back to the
     prompt before each step."""
-    from transformer_lab.model import _forward_unchecked
-
     from .op_profile import op_profile
     cache = KVCache(cfg, 1, len(prompt) + 1)
-    _forward_unchecked(params, cfg, np.array([prompt]), cache=cache)
+    forward(params, cfg, np.array([prompt]), cache=cache, check=False)
     step_tokens = np.array([[token]])
 
     def step():
         cache.truncate(len(prompt))
-        return _forward_unchecked(params, cfg, step_tokens, cache=cache)
+        return forward(params, cfg, step_tokens, cache=cache, check=False)
     return op_profile(step, steps)
 
 

@@ -17,9 +17,8 @@ import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
 from console import fmt_time, print_observations, print_section, print_table, print_text
-from transformer_lab import KVCache, init_params, llama_config
+from transformer_lab import KVCache, forward, init_params, llama_config
 from transformer_lab.measure import blas_threads, param_bytes, run_side_by_side
-from transformer_lab.model import _forward_unchecked
 
 NUMBER = 12
 BF16 = 2  # bytes per value
@@ -309,7 +308,7 @@ def step(cfg, params, cache, S):
     def run():
         cache.reset()
         cache.advance(S)
-        _forward_unchecked(params, cfg, token, cache=cache)
+        forward(params, cfg, token, cache=cache, check=False)
     return run
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .cache import KVCache
 from .config import Config
-from .model import _forward_unchecked, check_tokens
+from .model import check_tokens, forward
 from .ops import softmax
 from .params import check_params
 from .validate import check_int
@@ -181,8 +181,8 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
     last = np.full(B, T - 1) if lengths is None else lengths - 1  # each row's last prompt token
     if use_cache:
         cache = KVCache(cfg, B, T + max_new_tokens)
-        logits = _forward_unchecked(params, cfg, prompt, cache=cache,
-                                    logits_at=last[:, None])[:, 0]  # [B, V]
+        logits = forward(params, cfg, prompt, cache=cache, logits_at=last[:, None],
+                         check=False)[:, 0]  # [B, V]
         if lengths is not None:
             for row, length in enumerate(lengths):  # forget the padding: rows at their own lengths
                 cache.truncate_row(row, int(length))
@@ -190,12 +190,12 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
             nxt = sample_next(_finite(logits, step), **pick)  # [B]
             yield nxt
             if step + 1 < max_new_tokens:
-                logits = _forward_unchecked(params, cfg, nxt[:, None], cache=cache)[:, -1]
+                logits = forward(params, cfg, nxt[:, None], cache=cache, check=False)[:, -1]
     else:
         # No cache: every step runs each sequence whole, rows of different lengths one by one.
         seqs = [prompt] if lengths is None else [prompt[i:i + 1, :n] for i, n in enumerate(lengths)]
         for step in range(max_new_tokens):
-            logits = np.concatenate([_forward_unchecked(params, cfg, s, logits_at=[-1])[:, 0]
+            logits = np.concatenate([forward(params, cfg, s, logits_at=[-1], check=False)[:, 0]
                                      for s in seqs])
             nxt = sample_next(_finite(logits, step), **pick)
             yield nxt

@@ -2,7 +2,7 @@
 
 Reads top to bottom: the input checks, one block, the forward pass and the
 loss built on it. The params and their layout are in params.py, sampling and
-generation in generate.py. Weights multiply on the right, x @ W with W [in, out].
+generation in generation.py. Weights multiply on the right, x @ W with W [in, out].
 """
 from __future__ import annotations
 
@@ -72,30 +72,12 @@ def _plus_extras(y, x, p, w, b, cfg: Config, lora):
     """y (x @ p[w], or its columns of a packed product) plus w's LoRA update and p[b] when
     the config has biases, added in place: y is a product's fresh output, so no
     temporary is made."""
-    update = _lora_update(x, lora, w)
+    update = None if lora is None else lora.update(x, w)  # a training.LoRAGroup's
     if update is not None:
         y += update
     if cfg.bias:
         y += p[b]
     return y
-
-
-def _lora_update(x, lora, w):
-    """scale * (x @ A) @ B, the low-rank update of weight w, when lora = (this group's
-    adapters {w: {"A": [in, r], "B": [r, out]}}, scale) holds one (training.LoRA); else
-    None. The merged W + scale * A @ B is never formed: two thin products cost r * (in +
-    out) per row, against in * out for the weight."""
-    if lora is None or w not in lora[0]:
-        return None
-    adapter, scale = lora[0][w], lora[1]
-    return matmul_rows(matmul_rows(x, adapter["A"]) * scale, adapter["B"])  # [..., out]
-
-
-def _lora_of(lora, layer, group):
-    """(the adapters of blocks[layer].group, scale) from a training.LoRA, or None."""
-    if lora is None:
-        return None
-    return lora.adapters["blocks"][layer].get(group, {}), lora.scale
 
 
 def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, layer=0,
@@ -106,7 +88,7 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     under blocks[layer].attn.*, and the weights too when patterns are asked for.
     With a training.LoRA `lora`, its adapters of this layer add their updates.
     """
-    adapters = _lora_of(lora, layer, "attn")
+    adapters = None if lora is None else lora.group(layer, "attn")
     if cfg.attention == "mla":  # DeepSeek's latent attention: its own projections and cache
         from .mla import mla_attention_block
         return mla_attention_block(x, a, cfg, rope=rope, causal=causal, cache=cache, layer=layer,
@@ -158,7 +140,7 @@ def _side_by_side(q, k):
 
 def mlp(x, m, cfg: Config, *, acts=None, layer=0, lora=None):
     """The position-wise MLP: SwiGLU down(silu(x W_gate) * x W_up), or down(act(x W_up))."""
-    gate, adapters = None, _lora_of(lora, layer, "mlp")
+    gate, adapters = None, None if lora is None else lora.group(layer, "mlp")
     if cfg.mlp == "swiglu":
         gate, up = _projections(x, m, "w_gate_up", ("b_gate", "b_up"), cfg,
                                 adapters)  # each [B, T, d_ff]
@@ -217,7 +199,7 @@ def lm_head(x, params, cfg: Config):
 
 
 def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None, acts=None,
-            logits_at=None):
+            logits_at=None, *, check=True):
     """Logits [B, T, vocab] for int tokens [B, T].
 
     logits_at: only these positions along T get logits, [B, n, vocab]: an index array
@@ -235,22 +217,19 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
     then "final_norm" and "logits". ActivationRecord(patterns=True) (or {"patterns":
     True}) also keeps the softmax weights "blocks[i].attn.pattern" [B,H,T,S], which
     cost one more pass over the scores. Without acts nothing extra is computed or kept.
+
+    check=False skips check_params, for loops that checked the params once before starting
+    (generate_stream, the engine): the check walks every array, about 0.8 ms on SmolLM2.
     """
-    check_params(params, cfg)
-    return _forward_unchecked(params, cfg, tokens, causal, use_rope, cache, acts, logits_at)
-
-
-def _forward_unchecked(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
-                       acts=None, logits_at=None):
-    """forward without check_params, for loops that checked the params once before starting
-    (generate_stream): the check walks every array, about 0.8 ms on SmolLM2, per step."""
+    if check:
+        check_params(params, cfg)
     if acts is not None and not isinstance(acts, dict):
         raise ValueError(f"acts must be a dict (or None), got {type(acts).__name__}")
     # A cache is anything with cache.CacheProtocol's four calls (check, positions, attend,
     # advance): the serving engine's paged cache is one too. Recording through a cache also
     # reads what each layer attended over (attended), which the core's caches keep.
     if cache is not None and not all(hasattr(cache, name) for name in CACHE_CALLS):
-        raise ValueError(f"cache must be a KVCache, got {type(cache).__name__}")
+        raise ValueError(f"cache must follow cache.CacheProtocol, got {type(cache).__name__}")
     if cache is not None and acts is not None and not hasattr(cache, "attended"):
         raise ValueError(f"forward: acts need a cache that keeps what it attended over (a "
                          f"KVCache); {type(cache).__name__} does not")

@@ -33,7 +33,7 @@ import numpy as np
 from .cache import KVCache
 from .config import Config
 from .generation import _check_sampling, _finite, draw, next_token_probs
-from .model import _forward_unchecked, check_tokens
+from .model import check_tokens, forward
 from .params import check_params
 from .validate import check_int
 
@@ -148,16 +148,16 @@ class ModelDraft:
         if n < 1:
             return [], None
         held = cache.length
-        logits = _forward_unchecked(self.params, self.cfg, np.asarray(tokens[held:L])[None],
-                                    cache=cache, logits_at=[-1])[0, 0]
+        logits = forward(self.params, self.cfg, np.asarray(tokens[held:L])[None],
+                         cache=cache, logits_at=[-1], check=False)[0, 0]
         out, qs = [], []
         for i in range(n):
             token, q = sampler.pick(_finite(logits, i))
             out.append(token)
             qs.append(q)
             if i + 1 < n:
-                logits = _forward_unchecked(self.params, self.cfg, np.array([[token]]),
-                                            cache=cache)[0, -1]
+                logits = forward(self.params, self.cfg, np.array([[token]]), cache=cache,
+                                 check=False)[0, -1]
         return out, (None if sampler.deterministic else np.stack(qs))
 
     def rollback(self, length):
@@ -299,8 +299,8 @@ class SpeculativeDecoder:
         start = time.perf_counter()
         T = self.prompt_len
         if T > 1:
-            _forward_unchecked(self.params, self.cfg, self.tokens[None, :T - 1], cache=self.cache,
-                               logits_at=[-1])  # only the cache is wanted
+            forward(self.params, self.cfg, self.tokens[None, :T - 1], cache=self.cache,
+                    logits_at=[-1], check=False)  # only the cache is wanted
         self.draft.start(self.tokens[:T], T + self.max_new_tokens)
         self.stats["prefill_seconds"] = time.perf_counter() - start
         while self.length < T + self.max_new_tokens:
@@ -317,7 +317,7 @@ class SpeculativeDecoder:
         self._check_proposal(drafts, q, k)
         mid = time.perf_counter()
         fed = np.array([[self.tokens[L - 1], *drafts]], dtype=self.tokens.dtype)  # [1, 1 + j]
-        logits = _forward_unchecked(self.params, self.cfg, fed, cache=self.cache)[0]  # [1+j, V]
+        logits = forward(self.params, self.cfg, fed, cache=self.cache, check=False)[0]  # [1+j, V]
         a, token = accept(_finite(logits, L - self.prompt_len), drafts, q, self.sampler)
         new = drafts[:a] + [token]
         self.cache.truncate(L + a)  # keeps the last token and the accepted drafts

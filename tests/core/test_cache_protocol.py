@@ -68,5 +68,5 @@ def test_recording_through_a_cache_needs_what_it_attended_over():
 
 
 def test_a_cache_without_the_four_calls_is_refused():
-    with pytest.raises(ValueError, match="cache must be a KVCache, got dict"):
+    with pytest.raises(ValueError, match="cache must follow cache.CacheProtocol, got dict"):
         tl.forward(tl.init_params(tl.TINY), tl.TINY, np.array([[1, 2]]), cache={})

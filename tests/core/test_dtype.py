@@ -105,7 +105,7 @@ def spy(monkeypatch):
                    transformer_lab.ops, transformer_lab.positions):
         monkeypatch.setattr(module, "np", proxy)
     # Every forward pass, direct or from generate's decode loop, runs through this one.
-    real_forward = transformer_lab.model._forward_unchecked
+    real_forward = transformer_lab.model.forward
     log = Log()
 
     def recording_forward(*args, **kwargs):
@@ -116,8 +116,8 @@ def spy(monkeypatch):
         finally:
             Spy.log = None
 
-    monkeypatch.setattr(transformer_lab.model, "_forward_unchecked", recording_forward)
-    monkeypatch.setattr(transformer_lab.generation, "_forward_unchecked", recording_forward)
+    monkeypatch.setattr(transformer_lab.model, "forward", recording_forward)
+    monkeypatch.setattr(transformer_lab.generation, "forward", recording_forward)
     yield log
     Spy.log = None
 

@@ -369,7 +369,7 @@ def test_generate_stops_at_non_finite_logits():
 def test_generate_names_the_step_where_logits_go_bad(monkeypatch):
     from transformer_lab import generation as gen
     p = init_params(TINY, seed=0)
-    real_forward = gen._forward_unchecked  # what the decode loop calls
+    real_forward = gen.forward  # what the decode loop calls
     calls = []
 
     def forward_that_breaks(*args, **kwargs):
@@ -377,7 +377,7 @@ def test_generate_names_the_step_where_logits_go_bad(monkeypatch):
         logits = real_forward(*args, **kwargs)
         return logits * np.inf if len(calls) == 4 else logits  # the 4th pass: step 3
 
-    monkeypatch.setattr(gen, "_forward_unchecked", forward_that_breaks)
+    monkeypatch.setattr(gen, "forward", forward_that_breaks)
     stream = gen.generate_stream(p, TINY, ok_tokens(), 6, greedy=True)
     assert len([next(stream) for _ in range(3)]) == 3
     with pytest.raises(ValueError, match=r"logits at step 3 are not finite"):
@@ -410,8 +410,8 @@ def test_empty_sequence(params):
         forward(params, TINY, np.zeros((1, 0), dtype=np.int64))
 
 
-def test_cache_not_a_kvcache(params):
-    with pytest.raises(ValueError, match=r"KVCache"):
+def test_cache_without_the_protocol(params):
+    with pytest.raises(ValueError, match=r"cache.CacheProtocol"):
         forward(params, TINY, ok_tokens(), cache={"k": []})
 
 

@@ -36,7 +36,7 @@ def test_a_model_file_round_trips(tmp_path):
 
 def test_llm_chat_and_serve_run_a_model_file_alone(tmp_path, capsys):
     from transformer_lab.cli import chat
-    from transformer_lab.serve import __main__ as serve_main
+    from transformer_lab.cli import serve as serve_main
     from transformer_lab.serve.llm import LLM
     from transformer_lab.serve.sampling_params import SamplingParams
     path = tmp_path / "model.npz"

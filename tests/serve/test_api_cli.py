@@ -15,7 +15,7 @@ pytest.importorskip("gguf")
 
 from tiny_gguf import model_file, tiny_config, tiny_params, write_gguf  # noqa: E402,F401
 
-from transformer_lab.serve.__main__ import build_parser, main  # noqa: E402
+from transformer_lab.cli.serve import build_parser, main  # noqa: E402
 
 COMMAND = [sys.executable, "-m", "transformer_lab.serve"]
 
@@ -136,7 +136,7 @@ def test_missing_model_and_taken_port_are_one_line_and_exit_1(model_file, tmp_pa
 
 def test_the_loading_line_names_the_file_whose_stem_is_served(monkeypatch, capsys):
     from transformer_lab.pretrained.gguf import DEFAULT_GGUF
-    from transformer_lab.serve import __main__ as cli
+    from transformer_lab.cli import serve as cli
 
     def no_model(args):
         raise FileNotFoundError("not installed here")
@@ -148,7 +148,7 @@ def test_the_loading_line_names_the_file_whose_stem_is_served(monkeypatch, capsy
 
 
 def test_a_fine_tunes_model_file_is_served_by_its_runs_name(tmp_path):
-    from transformer_lab.serve.__main__ import served_name
+    from transformer_lab.cli.serve import served_name
     assert served_name(tmp_path / "runs" / "json" / "model.npz") == "json"
     assert served_name(tmp_path / "SmolLM2-135M-Instruct-Q4_1.gguf") == "SmolLM2-135M-Instruct-Q4_1"
     assert served_name(tmp_path / "mine.npz") == "mine"

@@ -126,7 +126,7 @@ def test_an_unknown_kv_cache_dtype_is_one_clear_line(bad):
 
 
 def test_the_server_cli_refuses_an_unknown_kv_cache_dtype_with_exit_2(capsys):
-    from transformer_lab.serve.__main__ import build_parser
+    from transformer_lab.cli.serve import build_parser
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["--kv-cache-dtype", "fp8"])
     err = capsys.readouterr().err

@@ -73,7 +73,7 @@ def test_the_fused_chunked_loss_matches_the_readable_form(name, rows, monkeypatc
     params = spread(init_params(cfg))
     tokens, targets = batch(cfg)
     monkeypatch.setattr(backward, "LOSS_ROWS", rows)
-    monkeypatch.setattr(backward, "_VOCAB_SLICE", 16)  # several slices when chunks add up
+    monkeypatch.setattr(backward, "VOCAB_SLICE", 16)  # several slices when chunks add up
     acts = ActivationRecord()
     logits = forward(params, cfg, tokens, acts=acts)
     x = acts["final_norm"]

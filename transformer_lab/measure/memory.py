@@ -58,7 +58,7 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
     What is left out (each under 1 % of SmolLM2's total at T >= 96): norms' and
     RoPE's small tables, the AdamW block scratch, Python objects.
     """
-    from ..training.backward import _VOCAB_SLICE, LOSS_ROWS
+    from ..training.backward import LOSS_ROWS, VOCAB_SLICE
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
@@ -83,7 +83,7 @@ def training_memory(cfg: Config, batch, seq, *, lora=None, checkpoint=False,
     transient = max(attention, 6 * N * F * b)
     head = min(S, LOSS_ROWS) * V * b  # only supervised rows reach the head
     if S > LOSS_ROWS and lora is None:
-        head += min(V, _VOCAB_SLICE) * d * b
+        head += min(V, VOCAB_SLICE) * d * b
     grads = trainable * b
     peak = max(kept + head + (0 if lora is not None else V * d * b),
                kept + recomputed + transient + grads)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..cache import KVCache
 from ..generation import generate_stream
-from ..model import _forward_unchecked, forward, lm_head, norm
+from ..model import forward, lm_head, norm
 from ..acts import ActivationRecord
 from ..speculative import break_even_alpha, speculative_generate
 from . import time_side_by_side
@@ -54,7 +54,7 @@ def verify_costs(params, cfg, context, ks=range(1, 9), *, repeats=5):
 
     def one(n):
         def run():
-            _forward_unchecked(params, cfg, feed[:, :n], cache=cache)
+            forward(params, cfg, feed[:, :n], cache=cache, check=False)
             cache.truncate(S)
         return run
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..attention import attention_core
 from ..cache import CacheProtocol
-from ..model import _forward_unchecked
+from ..model import forward
 
 
 # Chunks past a sequence's start of at most this many tokens (decodes, verify chunks of
@@ -289,7 +289,7 @@ class ModelRunner:
                 keep.extend(range(row - 1 - len(chunk.drafts), row))
         # The params were checked once when the engine was made. A step of prefill chunks
         # only keeps no row: the head then runs on none.
-        logits = _forward_unchecked(self.params, self.cfg, cache.tokens, cache=cache,
-                                    logits_at=np.array(keep, dtype=np.int64))[0]  # [kept, V]
+        logits = forward(self.params, self.cfg, cache.tokens, cache=cache, check=False,
+                         logits_at=np.array(keep, dtype=np.int64))[0]  # [kept, V]
         self.last_gathered_bytes = cache.gathered_bytes
         return logits

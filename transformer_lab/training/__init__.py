@@ -1,4 +1,4 @@
-"""Training in NumPy: the hand-written backward pass, LoRA, AdamW, tasks and checkpoints."""
-from .lora import LoRA
+"""Training in NumPy: the hand-written backward pass, LoRA, AdamW, the step and the tasks."""
+from .lora import LoRA, LoRAGroup
 
-__all__ = ["LoRA"]
+__all__ = ["LoRA", "LoRAGroup"]

@@ -19,7 +19,7 @@ import numpy as np
 from ..acts import ActivationRecord
 from ..attention import attention_core_backward
 from ..config import Config
-from ..model import _lora_of, block, check_targets, check_tokens, embed, norm
+from ..model import block, check_targets, check_tokens, embed, norm
 from ..params import check_params, map_params, named_params
 from ..ops import (IGNORE, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
@@ -30,6 +30,7 @@ from ..validate import check_int
 # Rows of logits the loss computes at a time: [LOSS_ROWS, V] is the largest array the head
 # and its gradient need (48 MiB for SmolLM2's 49,152 ids in float32), never [B*T, V].
 LOSS_ROWS = 256
+VOCAB_SLICE = 8192  # columns per product when a later chunk adds into the head's grad
 
 
 def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_scale=1.0,
@@ -163,10 +164,8 @@ def linear_backward(dy, x, p, w, b, lora=None):
     """Backward of model._linear, y = x @ p[w] (+ p[b]), over all rows at once.
 
     dy [..., out], x [..., in]: returns dx [..., in] and {w: x^T dy, b: sum of dy}.
-    With lora = (this group's adapters, scale) (model._lora_of) the weight is frozen:
-    no dW or db is computed, and if w has an adapter, y = x W + scale (x A) B and the
-    grads are {w: {"A": x^T (scale dy B^T), "B": scale (x A)^T dy}}, dx gaining
-    scale (dy B^T) A^T.
+    With lora, this group's training.LoRAGroup, the weight is frozen: no dW or db is
+    computed, and if w has an adapter, its grads and dx's share are lora.backward's.
     """
     dy2 = dy.reshape(-1, dy.shape[-1])  # [N, out]
     x2 = x.reshape(-1, x.shape[-1])  # [N, in]
@@ -176,12 +175,9 @@ def linear_backward(dy, x, p, w, b, lora=None):
         grads[w] = weight_grad(x2, dy2, p[w])  # [in, out]
         if b in p:
             grads[b] = dy2.sum(axis=0)  # [out]
-    elif w in lora[0]:
-        A, B, scale = lora[0][w]["A"], lora[0][w]["B"], lora[1]
-        du = product(dy2, B.T) * scale  # [N, r]: the gradient of the update's x A
-        grads[w] = {"A": product(x2.T, du),  # [in, r]
-                    "B": product((product(x2, A) * scale).T, dy2)}  # [r, out]
-        dx += product(du, A.T)
+    elif w in lora.adapters:
+        grads[w], dx_update = lora.backward(dy2, x2, w)
+        dx += dx_update
     return dx.reshape(*x.shape), grads
 
 
@@ -213,15 +209,15 @@ def block_backward(dy, p, cfg: Config, acts, i, *, rope=None, lora=None):
     gradient to both of its inputs, so each sub-layer's dx adds onto dy.
     With a LoRA `lora` the grads are this block's adapters' only (lora.adapters' layout)."""
     grads, frozen = {}, lora is not None
+    attn_lora, mlp_lora = (lora.group(i, "attn"), lora.group(i, "mlp")) if frozen else (None, None)
     if cfg.mlp != "none":
-        dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i,
-                                             lora=_lora_of(lora, i, "mlp"))
+        dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i, lora=mlp_lora)
         dres, g = norm_backward(dmlp_in, acts.layer(i, "resid_mid"), p["mlp_norm"], cfg, frozen)
         if not frozen:
             grads["mlp_norm"] = g
         dy = dy + dres  # d(loss)/d(resid_mid)
     dattn_in, grads["attn"] = attention_block_backward(dy, p["attn"], cfg, acts, i, rope=rope,
-                                                       lora=_lora_of(lora, i, "attn"))
+                                                       lora=attn_lora)
     dres, g = norm_backward(dattn_in, acts.layer(i, "resid_pre"), p["attn_norm"], cfg, frozen)
     if not frozen:
         grads["attn_norm"] = g
@@ -231,7 +227,7 @@ def block_backward(dy, p, cfg: Config, acts, i, *, rope=None, lora=None):
 def attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None, lora=None):
     """Backward of the attention sub-layer of block i: dy [B, T, d] is the gradient of its
     update; returns the gradient of its (normed) input attn_in and of wq..wo, bq..bo
-    (or, with lora = (adapters, scale), of this group's adapters)."""
+    (or, with lora, a LoRAGroup, of this group's adapters)."""
     if cfg.attention == "mla":
         return mla_attention_block_backward(dy, a, cfg, acts, i, rope=rope)
     x = acts.layer(i, "attn_in")  # [B, T, d]
@@ -297,7 +293,7 @@ def mla_attention_block_backward(dy, a, cfg: Config, acts, i, *, rope=None):
 
 def mlp_backward(dy, m, cfg: Config, acts, i, lora=None):
     """Backward of model.mlp for block i: returns the gradient of mlp_in and the MLP's grads
-    (or, with lora = (adapters, scale), its adapters' grads)."""
+    (or, with lora, a LoRAGroup, its adapters' grads)."""
     x, up = acts.layer(i, "mlp_in"), acts.layer(i, "mlp.up")  # [B, T, d], [B, T, F]
     dhidden, grads = linear_backward(dy, acts.layer(i, "mlp.hidden"), m, "w_down", "b_down",
                                      lora)
@@ -374,9 +370,6 @@ def head_loss_and_backward(x, params, cfg: Config, targets, n_targets, *, frozen
     return float(row_loss.sum() / n_targets), dx2.reshape(x.shape), grads
 
 
-_VOCAB_SLICE = 8192  # columns per product when a later chunk adds into the head's grad
-
-
 def _add_product(dw, dz, xc, w, *, tied):
     """dw + the head grad of one chunk (dz^T xc [V, d] tied, else xc^T dz [d, V]), in the
     memory order of the table (w = tok_emb.T when tied, else the head); the first chunk's
@@ -384,8 +377,8 @@ def _add_product(dw, dz, xc, w, *, tied):
     [V, d] array is made."""
     if dw is None:
         return weight_grad(xc, dz, w).T if tied else weight_grad(xc, dz, w)
-    for v0 in range(0, dz.shape[1], _VOCAB_SLICE):
-        cols = slice(v0, v0 + _VOCAB_SLICE)
+    for v0 in range(0, dz.shape[1], VOCAB_SLICE):
+        cols = slice(v0, v0 + VOCAB_SLICE)
         if tied:
             dw[cols] += product(dz[:, cols].T, xc)
         else:

@@ -16,8 +16,9 @@ lab's x @ W layout, so A is [in, r] and B is [r, out].
     opt = AdamW(lora.adapters, lr=2e-4)
     merged = lora.merge(params)                    # W + scale * A @ B; params untouched
 
-model.py's _linear adds the update (the merged W is never formed in training),
-and training.backward computes only dX through the frozen W, never its dW.
+Everything LoRA does is in this file: init, merge, and for each layer group a LoRAGroup
+whose update() model.py's linear layers add and whose backward() training.backward
+takes, computing only dX through the frozen W, never its dW.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ import numpy as np
 
 from ..config import Config
 from ..params import PackedGroup, check_params, named_params, pack_weights, param_shapes
+from ..precision import product
+from ..products import matmul_rows
 from ..validate import check_int
 
 ATTN_TARGETS = ("wq", "wk", "wv", "wo")
@@ -132,6 +135,10 @@ class LoRA:
             merged["blocks"].append(new_p)
         return pack_weights(merged, self.cfg) if packed else merged
 
+    def group(self, layer, group) -> LoRAGroup:
+        """blocks[layer].group's adapters ("attn" or "mlp"; none there: an empty group)."""
+        return LoRAGroup(self.adapters["blocks"][layer].get(group, {}), self.scale)
+
     def n_params(self) -> int:
         """How many numbers the adapters hold (what a LoRA step trains)."""
         return sum(a.size for _, a in named_params(self.adapters))
@@ -139,6 +146,31 @@ class LoRA:
     def __repr__(self):
         return (f"LoRA(rank={self.rank}, alpha={self.alpha}, targets={self.targets}, "
                 f"{self.n_params():,} params)")
+
+
+class LoRAGroup:
+    """One layer group's adapters {w: {"A": [in, r], "B": [r, out]}} and their scale: what
+    forward and the backward are handed for blocks[layer].attn or .mlp."""
+
+    def __init__(self, adapters, scale):
+        self.adapters, self.scale = adapters, scale
+
+    def update(self, x, w):
+        """scale * (x @ A) @ B, the low-rank update of weight w, or None when w has no
+        adapter. The merged W + scale * A @ B is never formed: two thin products cost
+        r * (in + out) per row, against in * out for the weight."""
+        if w not in self.adapters:
+            return None
+        A, B = self.adapters[w]["A"], self.adapters[w]["B"]
+        return matmul_rows(matmul_rows(x, A) * self.scale, B)  # [..., out]
+
+    def backward(self, dy, x, w):
+        """The update's backward over rows x [N, in], dy [N, out]: w's grads
+        {"A": x^T (scale dy B^T), "B": scale (x A)^T dy} and dx's share, scale (dy B^T) A^T."""
+        A, B = self.adapters[w]["A"], self.adapters[w]["B"]
+        du = product(dy, B.T) * self.scale  # [N, r]: the gradient of the update's x A
+        grads = {"A": product(x.T, du), "B": product((product(x, A) * self.scale).T, dy)}
+        return grads, product(du, A.T)  # [in, r], [r, out]; [N, in]
 
 
 def _check_targets(targets, cfg: Config):
