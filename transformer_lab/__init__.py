@@ -5,7 +5,8 @@ from .attention import (attention_core, attention_core_backward, attention_refer
 from .flash import (flash_attention, flash_attention_backward, flash_blocks, flash_io, flash_tiles,
                     merge_attention)
 from .training.backward import loss_and_grads
-from .cache import CacheProtocol, KVCache, MLAKVCache, StreamingCache
+from .cache import CacheProtocol, KVCache, MLAKVCache
+from .streaming_cache import StreamingCache, StreamingCacheReference
 from .pretrained.model_file import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .pretrained.gguf import find_model, load_gguf
@@ -33,7 +34,7 @@ __all__ = [
     "pack_weights", "PackedGroup",
     "forward", "loss", "ActivationRecord",
     "generate", "generate_stream", "sample_next", "KVCache", "MLAKVCache", "StreamingCache",
-    "CacheProtocol", "loss_and_grads",
+    "StreamingCacheReference", "CacheProtocol", "loss_and_grads",
     "attention_core", "attention_reference", "attention_weights", "causal_mask",
     "flash_attention", "flash_attention_backward", "merge_attention", "flash_io", "flash_tiles",
     "flash_blocks",

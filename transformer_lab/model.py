@@ -10,7 +10,7 @@ import numpy as np
 
 from .acts import record, wants_patterns
 from .attention import attention_core, attention_weights
-from .cache import CACHE_CALLS
+from .cache import CacheProtocol
 from .config import Config
 from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu
 from .params import PACKED_MODULES_BY_KEYS, PackedGroup, check_params
@@ -102,7 +102,7 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     if rope is not None:  # q and k are this layer's own fresh arrays: rotated in place
         # A StreamingCache keeps its keys unrotated and turns them by their slot, which
         # moves as tokens leave (cache.py); every other cache stores them rotated.
-        rotated = (q,) if getattr(cache, "rotates_keys", False) else _side_by_side(q, k)
+        rotated = (q,) if cache is not None and cache.rotates_keys else _side_by_side(q, k)
         for heads in rotated:
             apply_rope(heads, *rope, out=heads)
     if cache is None:
@@ -118,7 +118,7 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
         record(acts, layer, {"attn.q": q, "attn.k": k, "attn.v": v, "attn.out": out})
         if wants_patterns(acts):
             # A StreamingCache's queries each see their own window: it keeps their weights.
-            weights = getattr(cache, "weights", None)
+            weights = None if cache is None else cache.weights
             pattern = (weights(layer) if weights is not None
                        else attention_weights(q, k, offset, causal=causal))  # [B, H, T, S]
             record(acts, layer, {"attn.pattern": pattern})
@@ -225,12 +225,11 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
         check_params(params, cfg)
     if acts is not None and not isinstance(acts, dict):
         raise ValueError(f"acts must be a dict (or None), got {type(acts).__name__}")
-    # A cache is anything with cache.CacheProtocol's four calls (check, positions, attend,
-    # advance): the serving engine's paged cache is one too. Recording through a cache also
-    # reads what each layer attended over (attended), which the core's caches keep.
-    if cache is not None and not all(hasattr(cache, name) for name in CACHE_CALLS):
+    # A cache is anything with cache.CacheProtocol's calls and its optional members (a
+    # subclass inherits their defaults): the serving engine's paged cache is one too.
+    if cache is not None and not isinstance(cache, CacheProtocol):
         raise ValueError(f"cache must follow cache.CacheProtocol, got {type(cache).__name__}")
-    if cache is not None and acts is not None and not hasattr(cache, "attended"):
+    if cache is not None and acts is not None and cache.attended is None:
         raise ValueError(f"forward: acts need a cache that keeps what it attended over (a "
                          f"KVCache); {type(cache).__name__} does not")
     tokens = np.asarray(tokens)
@@ -241,7 +240,7 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
         cache.check(cfg, tokens.shape[0], T)
 
     use_rope = (cfg.pos == "rope") if use_rope is None else bool(use_rope)
-    if use_rope != (cfg.pos == "rope") and getattr(cache, "rotates_keys", False):
+    if use_rope != (cfg.pos == "rope") and cache is not None and cache.rotates_keys:
         raise ValueError(f"forward: use_rope={use_rope} with a cache that rotates its own keys "
                          f"as the config says (pos={cfg.pos!r})")
     # (cos, sin) in the model's dtype, from a table built once per model (positions.rope_at)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import transformer_lab as tl
-from transformer_lab.cache import (CACHE_CALLS, CacheProtocol, KVCache, MLAKVCache,
-                                   StreamingCache)
+from transformer_lab.cache import CACHE_CALLS, CacheProtocol, KVCache, MLAKVCache
+from transformer_lab.streaming_cache import StreamingCache, StreamingCacheReference
 from transformer_lab.serve.model_runner import StepCache
 
 MLA = tl.Config(vocab=40, d_model=32, n_heads=4, n_layers=2, d_ff=48, max_seq=32,
@@ -14,7 +14,10 @@ MLA = tl.Config(vocab=40, d_model=32, n_heads=4, n_layers=2, d_ff=48, max_seq=32
 
 
 class ListeningCache:
-    """The four calls and nothing else, around a KVCache: what forward() may ask."""
+    """The four calls around a KVCache, and the optional members at their defaults: what
+    forward() may ask."""
+
+    rotates_keys, attended, weights = False, None, None
 
     def __init__(self, inner):
         self.inner, self.calls = inner, []
@@ -32,8 +35,8 @@ class ListeningCache:
 
 def test_the_protocol_is_its_four_calls_in_order():
     assert CACHE_CALLS == ("check", "positions", "attend", "advance")
-    for cls in (KVCache, MLAKVCache, StreamingCache, StepCache):
-        assert issubclass(cls, CacheProtocol)
+    for cls in (KVCache, MLAKVCache, StreamingCache, StreamingCacheReference, StepCache):
+        assert CacheProtocol in cls.__mro__  # (issubclass refuses a protocol with data members)
         # each call is the class's own, not the protocol's empty declaration
         assert all(getattr(cls, name) is not getattr(CacheProtocol, name) for name in CACHE_CALLS)
 
@@ -70,3 +73,18 @@ def test_recording_through_a_cache_needs_what_it_attended_over():
 def test_a_cache_without_the_four_calls_is_refused():
     with pytest.raises(ValueError, match="cache must follow cache.CacheProtocol, got dict"):
         tl.forward(tl.init_params(tl.TINY), tl.TINY, np.array([[1, 2]]), cache={})
+
+
+def test_the_optional_members_are_declared_with_the_defaults_forward_assumes():
+    assert CacheProtocol.rotates_keys is False
+    assert CacheProtocol.attended is None and CacheProtocol.weights is None
+    assert KVCache.weights is None and StreamingCache.rotates_keys
+    assert StepCache.attended is None  # the engine's pool records nothing
+    duck = ListeningCache(KVCache(tl.TINY, 1, 8))
+    assert isinstance(duck, CacheProtocol)
+
+    class FourCallsOnly:  # without the optional members it is not a cache to forward()
+        check = positions = attend = advance = staticmethod(lambda *args, **kw: None)
+    assert not isinstance(FourCallsOnly(), CacheProtocol)
+    with pytest.raises(ValueError, match="cache must follow cache.CacheProtocol, got FourCallsOnly"):
+        tl.forward(tl.init_params(tl.TINY), tl.TINY, np.array([[1, 2]]), cache=FourCallsOnly())

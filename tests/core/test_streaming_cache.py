@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from transformer_lab import KVCache, StreamingCache, forward, init_params, llama_config
+from transformer_lab import (KVCache, StreamingCache, StreamingCacheReference, forward,
+                             gpt2_config, init_params, llama_config)
 
 CFG = llama_config(vocab=97, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=64,
                    max_seq=64, dtype=np.float64)
@@ -30,6 +31,47 @@ class MovedSinks(StreamingCache):
 @pytest.fixture(scope="module")
 def params():
     return init_params(CFG, seed=3)
+
+
+GPT2 = gpt2_config(vocab=97, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq=64,
+                   dtype=np.float64)
+
+
+@pytest.mark.parametrize("cfg", [CFG, GPT2], ids=["rope", "learned"])
+@pytest.mark.parametrize("window, sinks", [(5, 2), (4, 0), (3, 4), (30, 2)])
+def test_the_chunked_cache_gives_the_definition_s_logits_and_keys(cfg, window, sinks):
+    # StreamingCacheReference is the definition, one token per step; the fast cache in
+    # chunks (one shorter, one longer than the window) gives its logits and holds its keys.
+    p = init_params(cfg, seed=11)
+    tokens = np.random.default_rng(12).integers(0, cfg.vocab, size=(2, 23))
+    reference = StreamingCacheReference(cfg, 2, window, sinks=sinks)
+    want = stream(p, cfg, reference, tokens)
+    for chunk in (1, 4, 9):
+        fast = StreamingCache(cfg, 2, window, sinks=sinks)
+        np.testing.assert_allclose(stream(p, cfg, fast, tokens, chunk), want, rtol=1e-10,
+                                   atol=1e-10)
+        held = reference.k[0].shape[1]
+        assert held == min(23, window + sinks) and fast.lengths.tolist() == [held] * 2
+        for layer in range(cfg.n_layers):
+            np.testing.assert_allclose(fast.k[layer][:, :held], reference.k[layer],
+                                       rtol=1e-10, atol=1e-10)
+
+
+def test_rows_with_their_own_sizes_each_give_the_definition(params):
+    tokens = np.random.default_rng(13).integers(0, CFG.vocab, size=(3, 21))
+    rows = [(8, 0), (5, 3), (6, 1)]  # (window, sinks) per row
+    batched = StreamingCache(CFG, 3, [w for w, _ in rows], sinks=[s for _, s in rows])
+    together = stream(params, CFG, batched, tokens, chunk=5)
+    for b, (window, sinks) in enumerate(rows):
+        alone = StreamingCacheReference(CFG, 1, window, sinks=sinks)
+        np.testing.assert_allclose(together[b], stream(params, CFG, alone, tokens[b:b + 1])[0],
+                                   rtol=1e-10, atol=1e-10)
+
+
+def test_the_definition_takes_one_token_per_step(params):
+    cache = StreamingCacheReference(CFG, 1, 4, sinks=2)
+    with pytest.raises(ValueError, match="^StreamingCacheReference: one token per step, got 3$"):
+        forward(params, CFG, np.array([[1, 2, 3]]), cache=cache)
 
 
 def test_equal_to_a_full_kv_cache_while_nothing_leaves(params):
@@ -163,9 +205,7 @@ def test_weights_by_slot_are_each_query_s_own_step(params):
 
 
 def test_learned_positions_stream_in_chunks_too():
-    from transformer_lab import gpt2_config
-    cfg = gpt2_config(vocab=97, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq=64,
-                      dtype=np.float64)
+    cfg = GPT2
     p = init_params(cfg, seed=1)
     tokens = np.random.default_rng(10).integers(0, cfg.vocab, size=(1, 30))
     np.testing.assert_allclose(stream(p, cfg, StreamingCache(cfg, 1, 6, sinks=2), tokens, 4),
