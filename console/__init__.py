@@ -7,7 +7,7 @@ when piped or when NO_COLOR is set.
 
 The package, by job:
   state     the shared Console, the language, --pause
-  text      line breaking, number and time formats, values for --json
+  text      line breaking, number, share, byte and time formats, values for --json
   printing  headers, sections, paragraphs, tables, observations
   colour    heatmap colour ramps and the WCAG contrast arithmetic
   heatmaps  matrices as coloured cells, with a legend
@@ -24,11 +24,13 @@ from .printing import (OBSERVATIONS_TITLE, print_header, print_observations, pri
                        print_table, print_text)
 from .state import (MIN_WIDTH, PAUSE_PROMPT, can_encode, get_console, get_lang, pause,
                     recording, reset_console, set_lang, set_pause)
-from .text import fmt_float, fmt_num, fmt_ratio, fmt_time, to_jsonable, wrap_text
+from .text import (fmt_bytes, fmt_float, fmt_num, fmt_pct, fmt_ratio, fmt_time, to_jsonable,
+                   wrap_text)
 
 __all__ = [
     "get_console", "reset_console", "set_lang", "get_lang", "print_header", "print_table",
-    "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time", "fmt_float", "fmt_ratio", "wrap_text", "to_jsonable",
+    "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time", "fmt_float", "fmt_ratio", "fmt_pct",
+    "fmt_bytes", "wrap_text", "to_jsonable",
     "export", "check_export_path", "mark", "recording", "html_fragment", "EXPORT_SUFFIXES",
     "set_pause", "pause", "can_encode",
 ]

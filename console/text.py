@@ -96,6 +96,32 @@ def fmt_ratio(x) -> str:
     return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
+def fmt_pct(x) -> str:
+    """A share as a percentage: one decimal ('12.3%'), two significant digits below 1 %
+    ('0.41%', '0.0052%'), exact 0 as '0%', None (no value) as '-'."""
+    if x is None:
+        return "-"
+    x = 100 * float(x)
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}%"
+    return f"{x:.2g}%" if abs(x) < 0.995 else f"{x:.1f}%"
+
+
+_BINARY_UNITS = (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
+
+
+def fmt_bytes(n) -> str:
+    """Bytes in binary units to three significant digits: '512 B', '16.0 KiB', '1.25 MiB',
+    '538 MiB', '2.10 GiB'."""
+    n = float(n)
+    for unit, scale in _BINARY_UNITS:
+        if abs(n) >= scale * 0.9995:
+            v = n / scale
+            return f"{v:.0f} {unit}" if abs(v) >= 99.95 else (
+                f"{v:.1f} {unit}" if abs(v) >= 9.995 else f"{v:.2f} {unit}")
+    return f"{n:.0f} B"
+
+
 # ---------------------------------------------------------------- values for machines
 
 def to_jsonable(obj):

@@ -19,14 +19,14 @@ import sys
 
 import numpy as np
 
-import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
+import _common  # (also puts the repo root on sys.path when run from a checkout)
 from console import (fmt_num, fmt_ratio, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
-from transformer_lab import ActivationRecord, KVCache, find_model, forward, generate, load_gguf
+from transformer_lab import ActivationRecord, KVCache, forward, generate
 from transformer_lab.pretrained.chat_template import apply_chat_template
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, bandwidth_matrix, matmul_peak,
-                                     param_bytes, read_bandwidth, speed_check, time_rows, timed)
+                                     param_bytes, read_bandwidth, speed_check, time_rows)
 from transformer_lab.measure.flops import (attention_flops_per_token, flops_per_token,
                                            matmul_weights)
 
@@ -77,16 +77,11 @@ TITLE = {"zh": "显微镜下的真实模型：SmolLM2-135M", "en": "A real model
 
 # ---------------------------------------------------------------- the model, loaded once
 
-_MODEL = {}  # the loaded model, kept for the life of the process (tests and run_all reuse it)
-
-
 def load_model():
-    """(path, cfg, params, tokenizer, load seconds), loading on the first call only."""
-    if "model" not in _MODEL:
-        path = _MODEL["path"] = find_model()  # kept to name the file if it does not load
-        model, seconds = timed(lambda: load_gguf(path))  # once: loading twice proves nothing
-        _MODEL["model"] = (path, *model, seconds)
-    return _MODEL["model"]
+    """(path, cfg, params, tokenizer, load seconds): the process's one copy (_common.smollm2),
+    timed when it was loaded (loading twice proves nothing)."""
+    model = _common.smollm2()
+    return (_common.SMOLLM2["path"], *model, _common.SMOLLM2["seconds"])
 
 
 # ---------------------------------------------------------------- 1. previous-token heads
@@ -307,7 +302,8 @@ def compute(quick=False):
     except (ImportError, FileNotFoundError) as exc:  # no gguf package, no model file
         return {"available": False, "reason": str(exc), "install": MODEL_INSTALL_COMMAND}
     except (OSError, ValueError) as exc:  # the file is there but does not load
-        return {"available": False, "reason": str(exc), "corrupt_file": str(_MODEL.get("path")),
+        return {"available": False, "reason": str(exc),
+                "corrupt_file": str(_common.SMOLLM2.get("path")),
                 "install": REINSTALL_COMMAND}
     budget = Budget(QUICK_BUDGET_S if quick else BUDGET_S)
     heads = heads_part(params, cfg, tokenizer, quick)

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
+import _common  # (also puts the repo root on sys.path when run from a checkout)
 from console import print_observations, print_section, print_table, print_text
 from transformer_lab import forward, init_params, llama_config
 from transformer_lab.generation import next_token_probs
@@ -135,17 +135,12 @@ TEXT = {
 
 # ---------------------------------------------------------------- the target
 
-_MODEL = {}  # SmolLM2, loaded once per process
-
 def load_target():
-    """(name, cfg, params, prompts {kind: [1, T] ids}, tokenizer): SmolLM2, or the stand-in
-    where it is not installed."""
+    """(name, cfg, params, prompts {kind: [1, T] ids}, tokenizer): SmolLM2 (the process's one
+    copy, _common.smollm2), or the stand-in where it is not installed."""
     try:
-        from transformer_lab import find_model, load_gguf
         from transformer_lab.cli.chat import chat_prompt
-        if "model" not in _MODEL:
-            _MODEL["model"] = load_gguf(find_model())
-        cfg, params, tokenizer = _MODEL["model"]
+        cfg, params, tokenizer = _common.smollm2()
         prompts = {kind: np.array([tokenizer.encode(chat_prompt([], texts[0]))])
                    for kind, texts in PROMPTS.items()}
         return "smollm2", cfg, params, prompts, tokenizer

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
+import _common  # (also puts the repo root on sys.path when run from a checkout)
 from console import fmt_num, print_observations, print_section, print_table, print_text
 from transformer_lab import (ActivationRecord, KVCache, forward, init_params, llama_config,
                              pack_weights)
@@ -200,9 +200,6 @@ TEXT = {
 
 # ---------------------------------------------------------------- the model
 
-_MODEL = {}  # SmolLM2, loaded once per process
-
-
 def stand_in():
     """The random stand-in, with loud channels planted where trained models have them:
     in the normed stream (the norm gains) and in a few key columns."""
@@ -224,10 +221,7 @@ def load_model(quick):
     """(name, cfg, params, text [1, T], calibration [1, C]): SmolLM2 unless quick or missing."""
     if not quick:
         try:
-            from transformer_lab import find_model, load_gguf
-            if "model" not in _MODEL:
-                _MODEL["model"] = load_gguf(find_model())
-            cfg, params, tokenizer = _MODEL["model"]
+            cfg, params, tokenizer = _common.smollm2()  # the process's one copy
             text = np.array([tokenizer.encode(TEXT_EVAL)[:FULL_TOKENS]])
             calibration = np.array([tokenizer.encode(TEXT_CALIBRATION)[:CALIBRATION_TOKENS]])
             return "smollm2", cfg, params, text, calibration, tokenizer

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
+import _common  # (also puts the repo root on sys.path when run from a checkout)
 from console import print_observations, print_section, print_table, print_text
 from transformer_lab import (ActivationRecord, KVCache, StreamingCache, attention_weights,
                              forward, init_params, llama_config)
@@ -229,9 +229,6 @@ TEXT = {
 
 # ---------------------------------------------------------------- the model and the text
 
-_MODEL = {}  # SmolLM2, loaded once per process
-
-
 def project_text():
     """The lecture core's docstrings, module by module, each followed by its own functions'
     and classes' in file order: prose the project wrote, the same wherever it is installed."""
@@ -252,10 +249,7 @@ def load_model(quick, stand_in):
     text = project_text()
     if not stand_in:
         try:
-            from transformer_lab import find_model, load_gguf
-            if "model" not in _MODEL:
-                _MODEL["model"] = load_gguf(find_model())
-            cfg, params, tokenizer = _MODEL["model"]
+            cfg, params, tokenizer = _common.smollm2()  # the process's one copy
             n = QUICK_TOKENS if quick else TOKENS
             ids = np.array(tokenizer.encode(text)[:n])
             return "smollm2", cfg, params, ids, BUDGET, QUICK_SAMPLES if quick else SAMPLES

@@ -1,4 +1,5 @@
-"""What every numbered demo shares: its command line, language choice and JSON output.
+"""What every numbered demo shares: its command line, language choice and JSON output,
+and the one copy of the real model (smollm2()) that the demos of a process read.
 
 A demo module defines NUMBER, TITLE = {"zh": ..., "en": ...}, compute(quick=False)
 returning plain results, and render(result, lang) printing them; its text in
@@ -157,6 +158,25 @@ def run_demo(module, argv=None) -> int:
             sys.stderr.write(writer.summary() + "\n")
         return 0
     return stop_quietly(body)
+
+
+# ---------------------------------------------------------------- the real model
+
+SMOLLM2 = {}  # "path", "model" (cfg, params, tokenizer) and "seconds": loaded once per process
+
+
+def smollm2():
+    """SmolLM2-135M-Instruct's (cfg, params, tokenizer) from the installed GGUF file, loaded
+    on the first call and shared by every demo of the process, which read it and never
+    change it (one copy: a run_all of six demos that use it holds it once). Raises what
+    find_model and load_gguf raise: ImportError without gguf, FileNotFoundError without
+    the file, OSError or ValueError for a file that does not load (SMOLLM2["path"] names it)."""
+    if "model" not in SMOLLM2:
+        from transformer_lab import find_model, load_gguf
+        from transformer_lab.measure import timed
+        path = SMOLLM2["path"] = find_model()
+        SMOLLM2["model"], SMOLLM2["seconds"] = timed(lambda: load_gguf(path))
+    return SMOLLM2["model"]
 
 
 def load_demos() -> list:

@@ -343,7 +343,8 @@ def test_recording_restores_the_shared_console():
 PUBLIC_NAMES = {
     "state": ["get_console", "reset_console", "recording", "can_encode", "set_lang", "get_lang",
               "set_pause", "pause", "MIN_WIDTH", "PAUSE_PROMPT"],
-    "text": ["wrap_text", "fmt_num", "fmt_time", "fmt_float", "fmt_ratio", "to_jsonable"],
+    "text": ["wrap_text", "fmt_num", "fmt_time", "fmt_float", "fmt_ratio", "fmt_pct", "fmt_bytes",
+             "to_jsonable"],
     "printing": ["print_header", "print_section", "print_text", "print_table", "print_observations",
                  "OBSERVATIONS_TITLE"],
     "colour": ["cube_rgb", "relative_luminance", "contrast_ratio", "heat_style"],
@@ -365,7 +366,8 @@ def test_console_all_holds_its_names_and_every_name_in_it_exists():
     assert sorted(console.__all__) == sorted([
         "get_console", "reset_console", "set_lang", "get_lang", "print_header", "print_table",
         "print_observations", "print_section", "print_text", "heatmap", "fmt_num", "fmt_time",
-        "fmt_float", "fmt_ratio", "wrap_text", "to_jsonable", "export", "check_export_path", "mark", "recording",
+        "fmt_float", "fmt_ratio", "fmt_pct", "fmt_bytes", "wrap_text", "to_jsonable", "export",
+        "check_export_path", "mark", "recording",
         "html_fragment", "EXPORT_SUFFIXES", "set_pause", "pause", "can_encode"])
     assert all(hasattr(console, name) for name in console.__all__)
     every = {name for names in PUBLIC_NAMES.values() for name in names}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from rich.cells import cell_len
 
-from console import fmt_float, fmt_num, fmt_time, to_jsonable, wrap_text
+from console import fmt_bytes, fmt_float, fmt_num, fmt_pct, fmt_time, to_jsonable, wrap_text
 
 
 def test_to_jsonable_gives_plain_json_types():
@@ -50,3 +50,20 @@ def test_wrap_text_never_breaks_after_opening_punctuation():
 def test_wrap_text_keeps_a_word_longer_than_the_line_whole():
     assert wrap_text("a supercalifragilistic word", 10) == ["a", "supercalifragilistic", "word"]
     assert wrap_text("", 10) == [""]
+
+
+@pytest.mark.parametrize("x, text", [
+    (0.123, "12.3%"), (1.0, "100.0%"), (0.0041, "0.41%"), (0.000052, "0.0052%"), (0, "0%"),
+    (0.00999, "1.0%"), (None, "-"), (-0.5, "-50.0%"),
+])
+def test_fmt_pct_gives_one_decimal_and_two_digits_below_one_percent(x, text):
+    assert fmt_pct(x) == text
+
+
+@pytest.mark.parametrize("n, text", [
+    (512, "512 B"), (0, "0 B"), (16 * 1024, "16.0 KiB"), (1.25 * 2 ** 20, "1.25 MiB"),
+    (538 * 2 ** 20, "538 MiB"), (2.1 * 2 ** 30, "2.10 GiB"), (1023.9, "1.00 KiB"),
+    (99.96 * 2 ** 20, "100 MiB"), (np.int64(3 * 2 ** 30), "3.00 GiB"),
+])
+def test_fmt_bytes_gives_binary_units_to_three_digits(n, text):
+    assert fmt_bytes(n) == text

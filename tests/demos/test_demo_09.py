@@ -16,6 +16,7 @@ from demo_helpers import (ROOT, ScriptedTimings, demo, jittered, quick_result,  
                           rendered_text)
 
 import console
+import _common
 from _common import run_demo
 from console import fmt_time
 from transformer_lab import TINY, apply_rope, forward, init_params, rope_angles, softmax
@@ -129,9 +130,9 @@ def no_gguf(*args, **kwargs):
 @pytest.mark.parametrize("patch", [("find_model", missing), ("load_gguf", no_gguf)])
 @pytest.mark.parametrize("lang", ["zh", "en"])
 def test_a_missing_model_gives_the_install_hint(monkeypatch, patch, lang):
-    monkeypatch.setattr(D09, "_MODEL", {})  # forget a model loaded by an earlier test
-    monkeypatch.setattr(D09, "find_model", lambda: __file__)  # found, unless patched below
-    monkeypatch.setattr(D09, patch[0], patch[1])
+    monkeypatch.setattr(_common, "SMOLLM2", {})  # forget a model loaded by an earlier test
+    monkeypatch.setattr("transformer_lab.find_model", lambda: __file__)  # found, unless patched
+    monkeypatch.setattr(f"transformer_lab.{patch[0]}", patch[1])
     result = D09.compute(quick=True)
     assert result["available"] is False
     assert result["install"] == MODEL_INSTALL_COMMAND
@@ -144,8 +145,8 @@ def test_a_missing_model_gives_the_install_hint(monkeypatch, patch, lang):
 
 
 def test_a_missing_model_exits_0_as_a_script(monkeypatch, capsys):
-    monkeypatch.setattr(D09, "_MODEL", {})
-    monkeypatch.setattr(D09, "find_model", missing)
+    monkeypatch.setattr(_common, "SMOLLM2", {})
+    monkeypatch.setattr("transformer_lab.find_model", missing)
     console.reset_console(width=80, color_system=None)
     assert run_demo(D09, ["--lang", "en", "--quick"]) == 0
     out = capsys.readouterr().out
@@ -166,13 +167,15 @@ def test_without_the_model_the_scripts_print_the_hint_and_exit_0(tmp_path, scrip
     assert MODEL_INSTALL_COMMAND in out.stdout and "not installed" in out.stdout
 
 
-def test_the_model_is_loaded_once_per_process(monkeypatch):
+def test_the_model_is_loaded_once_per_process_and_shared_by_the_demos(monkeypatch):
     calls = []
-    monkeypatch.setattr(D09, "_MODEL", {})
-    monkeypatch.setattr(D09, "find_model", lambda: "model.gguf")
-    monkeypatch.setattr(D09, "load_gguf", lambda path: calls.append(path) or ("cfg", "p", "tok"))
+    monkeypatch.setattr(_common, "SMOLLM2", {})
+    monkeypatch.setattr("transformer_lab.find_model", lambda: "model.gguf")
+    monkeypatch.setattr("transformer_lab.load_gguf",
+                        lambda path: calls.append(path) or ("cfg", "p", "tok"))
     first, second = D09.load_model(), D09.load_model()
-    assert first is second and calls == ["model.gguf"]
+    assert first == second == ("model.gguf", "cfg", "p", "tok", first[-1])
+    assert _common.smollm2() == ("cfg", "p", "tok") and calls == ["model.gguf"]
 
 
 # ---------------------------------------------------------------- the record, on tiny models

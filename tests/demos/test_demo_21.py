@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from demo_helpers import demo, quick_result, rendered_text, written_without_missing_glyphs
+
+import _common  # noqa: E402  (demo_helpers puts demos/ on sys.path)
 from transformer_lab import forward, init_params
 from transformer_lab.ops import log_softmax
 
@@ -34,7 +36,7 @@ def test_the_run_is_the_stand_in_and_says_why(result):
 def test_a_missing_model_falls_back_to_the_stand_in(monkeypatch):
     def missing():
         raise FileNotFoundError("no model")
-    monkeypatch.setattr(D21, "_MODEL", {})
+    monkeypatch.setattr(_common, "SMOLLM2", {})
     monkeypatch.setattr("transformer_lab.find_model", missing)
     name, cfg, _, ids, budget, _ = D21.load_model(True, False)
     assert (name, cfg, budget, len(ids)) == ("stand_in:missing", D21.STAND_IN, 32, 160)
