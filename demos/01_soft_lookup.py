@@ -28,40 +28,6 @@ LAMBDAS = (1, 2, 4, 8, 16)
 COPY_KEY, AVG_KEYS = 4, (0, 1)
 
 TITLE = {"zh": "注意力是软查找", "en": "Attention is a soft lookup"}
-TEXT = {
-    "zh": {
-        "setup": "5 个随机键 k1…k5（d={d}），值 v = {values}；查询 q = k2 + {noise}·噪声。",
-        "sweep": "温度 τ 的影响：权重 = softmax(K·q / τ)，输出 = Σ wᵢ·vᵢ",
-        "tau": "τ", "out": "输出",
-        "constructions": "两种构造（正交键）：复制与平均",
-        "lambda": "λ", "copy_out": "复制输出", "copy_err": "复制误差",
-        "avg_out": "平均输出", "avg_err": "平均误差",
-        "obs_hard": "τ = {tau} 时几乎是硬查找：k2 的权重 {w:.4f}，输出 {out:.3f} ≈ k2 的值 {v:.0f}。",
-        "obs_mean": "τ = {tau} 时权重几乎均匀（最大 {wmax:.4f}），输出 {out:.4f} ≈ 所有值的平均 {mean:.0f}。",
-        "obs_grad": "与字典不同，每一步都可导：τ = √d 时 ∂输出/∂q 的范数为 {g:.3f}（非零），"
-                    "所以 q、k、v 可以是学出来的投影。",
-        "obs_copy": "复制：q = λ·k5 时输出趋近 v5 = {v:.0f}，误差从 λ={l0:g} 的 {e0} 降到 λ={l1:g} 的 {e1}。",
-        "obs_avg": "平均：q = λ·(k1 + k2) 时输出趋近 (v1 + v2)/2 = {v:.0f}，误差从 {e0} 降到 {e1}，λ 越大越准。",
-    },
-    "en": {
-        "setup": "5 random keys k1…k5 (d={d}), values v = {values}; query q = k2 + {noise}·noise.",
-        "sweep": "Temperature τ: weights = softmax(K·q / τ), output = Σ wᵢ·vᵢ",
-        "tau": "τ", "out": "output",
-        "constructions": "Two constructions (orthonormal keys): copy and average",
-        "lambda": "λ", "copy_out": "copy out", "copy_err": "copy err",
-        "avg_out": "avg out", "avg_err": "avg err",
-        "obs_hard": "At τ = {tau} it is almost a hard lookup: k2 gets weight {w:.4f} and the output "
-                    "{out:.3f} ≈ k2's value {v:.0f}.",
-        "obs_mean": "At τ = {tau} the weights are almost uniform (max {wmax:.4f}) and the output "
-                    "{out:.4f} ≈ the mean of the values, {mean:.0f}.",
-        "obs_grad": "Unlike a dict, every step is differentiable: at τ = √d the gradient ∂output/∂q has "
-                    "norm {g:.3f} (non-zero), which is why q, k and v can be learned projections.",
-        "obs_copy": "Copy: with q = λ·k5 the output tends to v5 = {v:.0f}; the error falls from {e0} at "
-                    "λ={l0:g} to {e1} at λ={l1:g}.",
-        "obs_avg": "Average: with q = λ·(k1 + k2) the output tends to (v1 + v2)/2 = {v:.0f}; the error "
-                   "falls from {e0} to {e1} as λ grows.",
-    },
-}
 
 
 def soft_lookup(keys, values, query, tau):
@@ -139,6 +105,44 @@ def render(result, lang="zh"):
         t["obs_avg"].format(v=result["avg_target"], e0=fmt_float(first["avg_error"]),
                             e1=fmt_float(last["avg_error"])),
     ])
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "5 个随机键 k1…k5（d={d}），值 v = {values}；查询 q = k2 + {noise}·噪声。",
+        "sweep": "温度 τ 的影响：权重 = softmax(K·q / τ)，输出 = Σ wᵢ·vᵢ",
+        "tau": "τ", "out": "输出",
+        "constructions": "两种构造（正交键）：复制与平均",
+        "lambda": "λ", "copy_out": "复制输出", "copy_err": "复制误差",
+        "avg_out": "平均输出", "avg_err": "平均误差",
+        "obs_hard": "τ = {tau} 时几乎是硬查找：k2 的权重 {w:.4f}，输出 {out:.3f} ≈ k2 的值 {v:.0f}。",
+        "obs_mean": "τ = {tau} 时权重几乎均匀（最大 {wmax:.4f}），输出 {out:.4f} ≈ 所有值的平均 {mean:.0f}。",
+        "obs_grad": "与字典不同，每一步都可导：τ = √d 时 ∂输出/∂q 的范数为 {g:.3f}（非零），"
+                    "所以 q、k、v 可以是学出来的投影。",
+        "obs_copy": "复制：q = λ·k5 时输出趋近 v5 = {v:.0f}，误差从 λ={l0:g} 的 {e0} 降到 λ={l1:g} 的 {e1}。",
+        "obs_avg": "平均：q = λ·(k1 + k2) 时输出趋近 (v1 + v2)/2 = {v:.0f}，误差从 {e0} 降到 {e1}，λ 越大越准。",
+    },
+    "en": {
+        "setup": "5 random keys k1…k5 (d={d}), values v = {values}; query q = k2 + {noise}·noise.",
+        "sweep": "Temperature τ: weights = softmax(K·q / τ), output = Σ wᵢ·vᵢ",
+        "tau": "τ", "out": "output",
+        "constructions": "Two constructions (orthonormal keys): copy and average",
+        "lambda": "λ", "copy_out": "copy out", "copy_err": "copy err",
+        "avg_out": "avg out", "avg_err": "avg err",
+        "obs_hard": "At τ = {tau} it is almost a hard lookup: k2 gets weight {w:.4f} and the output "
+                    "{out:.3f} ≈ k2's value {v:.0f}.",
+        "obs_mean": "At τ = {tau} the weights are almost uniform (max {wmax:.4f}) and the output "
+                    "{out:.4f} ≈ the mean of the values, {mean:.0f}.",
+        "obs_grad": "Unlike a dict, every step is differentiable: at τ = √d the gradient ∂output/∂q has "
+                    "norm {g:.3f} (non-zero), which is why q, k and v can be learned projections.",
+        "obs_copy": "Copy: with q = λ·k5 the output tends to v5 = {v:.0f}; the error falls from {e0} at "
+                    "λ={l0:g} to {e1} at λ={l1:g}.",
+        "obs_avg": "Average: with q = λ·(k1 + k2) the output tends to (v1 + v2)/2 = {v:.0f}; the error "
+                   "falls from {e0} to {e1} as λ grows.",
+    },
+}
 
 
 if __name__ == "__main__":

@@ -28,64 +28,7 @@ FOLD_D_MODEL, FOLD_HEADS, FOLD_T = 256, 4, 16
 FP16_MAX = float(np.finfo(np.float16).max)
 
 TITLE = {"zh": "为什么要除以 √d", "en": "Why attention divides by √d"}
-TEXT = {
-    "zh": {
-        "setup": "每个 d 做 {trials} 次试验：1 个查询对 {keys} 个键，所有元素 ~ N(0,1)。"
-                 "对比原始分数 q·k 与 q·k/√d。",
-        "sweep": "softmax 的饱和：原始分数 vs 除以 √d",
-        "std": "std(q·k)", "raw": "原始", "scaled": "÷√d",
-        "maxw": "最大权重", "jac": "‖J‖",
-        "legend": "最大权重 = softmax 最大权重的均值；‖J‖ = 雅可比 diag(p) − ppᵀ "
-                  "的 Frobenius 范数均值。",
-        "fold": "把 1/√D 折进 W_q（d_model={d_model}，{heads} 个头，D={D}，T={T}）",
-        "fold_a": "A：attention_core 在内部乘 1/√D（默认）。",
-        "fold_b": "B：加载权重时把 W_q 乘 1/√D 一次，attention_core 用 scale=1。",
-        "fold_diff": "两者输出的最大差 max|A − B| = {diff}",
-        "obs_std": "q·k 的标准差 ≈ √d：d={d0} 时 {s0:.2f}，d={d1} 时 {s1:.1f}（√d = {r1:g}）；"
-                   "各个 d 的 std/√d 都在 {lo:.3f} 到 {hi:.3f} 之间。",
-        "obs_raw": "不缩放时 softmax 随 d 饱和：最大权重从 {w0:.3f} 升到 {w1:.3f}，逼近独热；"
-                   "雅可比范数从峰值 {jpeak:.3f}（d={dpeak}）降到 {j1:.3f}，"
-                   "其中 {frac:.0%} 的试验低于 {tiny:g}——梯度几乎传不回去。",
-        "obs_scaled": "除以 √d 后两者都不随 d 变化：最大权重在 {wlo:.3f}～{whi:.3f}"
-                      "（最大/最小 = {wratio:.2f}），雅可比范数在 {jlo:.3f}～{jhi:.3f}，"
-                      "d={d1} 时是不缩放时的 {jratio:.1f} 倍。",
-        "obs_fold": "缩放因子 1/√D（D 是 head_dim）是常数，可以事先折进 W_q，推理时零开销。"
-                    "D={D} 时 1/√D = {inv:g} 是 2 的幂，两种写法的输出最大差恰好是 {diff}。",
-        "obs_fp16": "缩放也让低精度下的分数留在安全范围：d={d1} 时原始 |q·k| 最大 {raw:.1f}，"
-                    "缩放后只有 {sc:.2f}。float16 的上限 {fmax:.0f} 只是原始最大值的 {head:.0f} 倍"
-                    "（q、k 各放大 {amp} 倍就会溢出），缩放后余量是 {head_sc:.0f} 倍。",
-    },
-    "en": {
-        "setup": "For each d, {trials} trials of 1 query against {keys} keys, all entries "
-                 "~ N(0,1). Raw scores q·k against q·k/√d.",
-        "sweep": "Softmax saturation: raw scores vs divided by √d",
-        "std": "std(q·k)", "raw": "raw", "scaled": "÷√d",
-        "maxw": "max w", "jac": "‖J‖",
-        "legend": "max w = mean largest softmax weight; ‖J‖ = mean Frobenius norm of the "
-                  "Jacobian diag(p) − ppᵀ.",
-        "fold": "Folding 1/√D into W_q (d_model={d_model}, {heads} heads, D={D}, T={T})",
-        "fold_a": "A: attention_core multiplies by 1/√D inside (the default).",
-        "fold_b": "B: W_q is multiplied by 1/√D once, at load time; attention_core runs "
-                  "with scale=1.",
-        "fold_diff": "Largest difference of the outputs, max|A − B| = {diff}",
-        "obs_std": "The std of q·k is ≈ √d: {s0:.2f} at d={d0}, {s1:.1f} at d={d1} "
-                   "(√d = {r1:g}); std/√d lies between {lo:.3f} and {hi:.3f} for every d.",
-        "obs_raw": "Unscaled, softmax saturates as d grows: the max weight rises from "
-                   "{w0:.3f} to {w1:.3f}, towards one-hot, and the Jacobian norm falls from "
-                   "its peak {jpeak:.3f} (d={dpeak}) to {j1:.3f}, below {tiny:g} in {frac:.0%} "
-                   "of trials: gradients barely get through.",
-        "obs_scaled": "Divided by √d, both stay flat in d: the max weight stays within "
-                      "{wlo:.3f}–{whi:.3f} (max/min = {wratio:.2f}) and the Jacobian norm within "
-                      "{jlo:.3f}–{jhi:.3f}, {jratio:.1f}× the unscaled one at d={d1}.",
-        "obs_fold": "The scale 1/√D (D = head_dim) is a constant, so it can be folded into "
-                    "W_q once: free at inference. At D={D}, 1/√D = {inv:g} is a power of two "
-                    "and the two versions differ by exactly {diff}.",
-        "obs_fp16": "Scaling also keeps low-precision scores in range: at d={d1} the largest "
-                    "raw |q·k| is {raw:.1f} vs {sc:.2f} scaled. float16 tops out at {fmax:.0f}, only "
-                    "{head:.0f}× the raw maximum (q and k each {amp}× larger would overflow), "
-                    "vs {head_sc:.0f}× once scaled.",
-    },
-}
+
 TINY_JACOBIAN = 0.01  # a Jacobian norm below this passes almost no gradient
 
 
@@ -216,6 +159,68 @@ def figures(result, lang="zh"):
     ax_w.legend(loc="center right")
     fig.suptitle(t["title"])
     return {"saturation": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "每个 d 做 {trials} 次试验：1 个查询对 {keys} 个键，所有元素 ~ N(0,1)。"
+                 "对比原始分数 q·k 与 q·k/√d。",
+        "sweep": "softmax 的饱和：原始分数 vs 除以 √d",
+        "std": "std(q·k)", "raw": "原始", "scaled": "÷√d",
+        "maxw": "最大权重", "jac": "‖J‖",
+        "legend": "最大权重 = softmax 最大权重的均值；‖J‖ = 雅可比 diag(p) − ppᵀ "
+                  "的 Frobenius 范数均值。",
+        "fold": "把 1/√D 折进 W_q（d_model={d_model}，{heads} 个头，D={D}，T={T}）",
+        "fold_a": "A：attention_core 在内部乘 1/√D（默认）。",
+        "fold_b": "B：加载权重时把 W_q 乘 1/√D 一次，attention_core 用 scale=1。",
+        "fold_diff": "两者输出的最大差 max|A − B| = {diff}",
+        "obs_std": "q·k 的标准差 ≈ √d：d={d0} 时 {s0:.2f}，d={d1} 时 {s1:.1f}（√d = {r1:g}）；"
+                   "各个 d 的 std/√d 都在 {lo:.3f} 到 {hi:.3f} 之间。",
+        "obs_raw": "不缩放时 softmax 随 d 饱和：最大权重从 {w0:.3f} 升到 {w1:.3f}，逼近独热；"
+                   "雅可比范数从峰值 {jpeak:.3f}（d={dpeak}）降到 {j1:.3f}，"
+                   "其中 {frac:.0%} 的试验低于 {tiny:g}——梯度几乎传不回去。",
+        "obs_scaled": "除以 √d 后两者都不随 d 变化：最大权重在 {wlo:.3f}～{whi:.3f}"
+                      "（最大/最小 = {wratio:.2f}），雅可比范数在 {jlo:.3f}～{jhi:.3f}，"
+                      "d={d1} 时是不缩放时的 {jratio:.1f} 倍。",
+        "obs_fold": "缩放因子 1/√D（D 是 head_dim）是常数，可以事先折进 W_q，推理时零开销。"
+                    "D={D} 时 1/√D = {inv:g} 是 2 的幂，两种写法的输出最大差恰好是 {diff}。",
+        "obs_fp16": "缩放也让低精度下的分数留在安全范围：d={d1} 时原始 |q·k| 最大 {raw:.1f}，"
+                    "缩放后只有 {sc:.2f}。float16 的上限 {fmax:.0f} 只是原始最大值的 {head:.0f} 倍"
+                    "（q、k 各放大 {amp} 倍就会溢出），缩放后余量是 {head_sc:.0f} 倍。",
+    },
+    "en": {
+        "setup": "For each d, {trials} trials of 1 query against {keys} keys, all entries "
+                 "~ N(0,1). Raw scores q·k against q·k/√d.",
+        "sweep": "Softmax saturation: raw scores vs divided by √d",
+        "std": "std(q·k)", "raw": "raw", "scaled": "÷√d",
+        "maxw": "max w", "jac": "‖J‖",
+        "legend": "max w = mean largest softmax weight; ‖J‖ = mean Frobenius norm of the "
+                  "Jacobian diag(p) − ppᵀ.",
+        "fold": "Folding 1/√D into W_q (d_model={d_model}, {heads} heads, D={D}, T={T})",
+        "fold_a": "A: attention_core multiplies by 1/√D inside (the default).",
+        "fold_b": "B: W_q is multiplied by 1/√D once, at load time; attention_core runs "
+                  "with scale=1.",
+        "fold_diff": "Largest difference of the outputs, max|A − B| = {diff}",
+        "obs_std": "The std of q·k is ≈ √d: {s0:.2f} at d={d0}, {s1:.1f} at d={d1} "
+                   "(√d = {r1:g}); std/√d lies between {lo:.3f} and {hi:.3f} for every d.",
+        "obs_raw": "Unscaled, softmax saturates as d grows: the max weight rises from "
+                   "{w0:.3f} to {w1:.3f}, towards one-hot, and the Jacobian norm falls from "
+                   "its peak {jpeak:.3f} (d={dpeak}) to {j1:.3f}, below {tiny:g} in {frac:.0%} "
+                   "of trials: gradients barely get through.",
+        "obs_scaled": "Divided by √d, both stay flat in d: the max weight stays within "
+                      "{wlo:.3f}–{whi:.3f} (max/min = {wratio:.2f}) and the Jacobian norm within "
+                      "{jlo:.3f}–{jhi:.3f}, {jratio:.1f}× the unscaled one at d={d1}.",
+        "obs_fold": "The scale 1/√D (D = head_dim) is a constant, so it can be folded into "
+                    "W_q once: free at inference. At D={D}, 1/√D = {inv:g} is a power of two "
+                    "and the two versions differ by exactly {diff}.",
+        "obs_fp16": "Scaling also keeps low-precision scores in range: at d={d1} the largest "
+                    "raw |q·k| is {raw:.1f} vs {sc:.2f} scaled. float16 tops out at {fmax:.0f}, only "
+                    "{head:.0f}× the raw maximum (q and k each {amp}× larger would overflow), "
+                    "vs {head_sc:.0f}× once scaled.",
+    },
+}
 
 
 if __name__ == "__main__":

@@ -24,65 +24,6 @@ PREFILL = 4  # the cache demo prefills this many tokens, then decodes one at a t
 HEAD = 0  # the heatmap shows this head of layer 0
 
 TITLE = {"zh": "因果掩码与 KV 缓存", "en": "The causal mask and the KV cache"}
-TEXT = {
-    "zh": {
-        "setup": "模型：TINY（{layers} 层，{heads} 个查询头，{kv} 个 KV 头，d={d}），"
-                 "随机初始化（seed={seed}）；一条 {T} 个 token 的序列。",
-        "mask": "把位置 {t} 的 token 从 {a} 换成 {b}：每个位置的 logits 变了多少？",
-        "pos": "位置", "token": "token", "d_causal": "Δ 有掩码", "d_full": "Δ 无掩码",
-        "delta_note": "Δ = 该位置 logits 的最大绝对差。",
-        "cache": "KV 缓存：先预填充 {p} 个 token，再逐个解码",
-        "step": "步", "prefill": "预填充", "total": "合计",
-        "rows_c": "查询行·缓存", "rows_n": "查询行·重算",
-        "sc_c": "分数·缓存", "sc_n": "分数·重算",
-        "cache_note": "“重算”即不用缓存，每步对整个前缀重新 forward；"
-                      "分数 = 查询行×键数（每层每头）。",
-        "heat": "第 {layer} 层第 {head} 个头的注意力权重（行 = 查询，列 = 键，· = 被掩码）",
-        "obs_mask": "有因果掩码时，改动位置 {t} 的 token 不影响它之前的位置：位置 0–{tm1} 的 "
-                    "logits 最大差恰好是 {zero}；位置 {t}–{last} 则变化了 {lo}～{hi}。",
-        "obs_nomask": "去掉掩码（causal=False）后，全部 {n} 个位置都变了，连位置 0 也变了 "
-                      "{d0}：前面的 token 能“看到”后面的 token。",
-        "obs_cache": "KV 缓存：预填充 {p} 个 token，再逐个解码 {steps} 步，得到的 logits 与一次"
-                     "完整 forward 的最大差为 {diff}；每步重新计算整个前缀的最后一行也一样"
-                     "（最大差 {diff_n}）。",
-        "obs_work": "有缓存时，解码位置 t 只算 1 个查询行（对 t+1 个键）；不用缓存就要把整个"
-                    "前缀重算一遍。{n} 个位置合计：查询行 {rows_c} 对 {rows_n}，分数 {sc_c} 对 {sc_n}"
-                    "（每层每头）。",
-        "obs_heat": "热力图对角线以上的权重全部恰好为 0（·），每行之和为 1（最大偏差 {rowsum}）。"
-                    "刚初始化的模型 q·k 很小，所以第 t 行几乎是均匀的 1/(t+1)（最大偏差 {unif}）。",
-    },
-    "en": {
-        "setup": "Model: TINY ({layers} layers, {heads} query heads, {kv} KV heads, d={d}), "
-                 "random init (seed={seed}); one sequence of {T} tokens.",
-        "mask": "Change the token at position {t} from {a} to {b}: how much do each "
-                "position's logits move?",
-        "pos": "position", "token": "token", "d_causal": "Δ causal", "d_full": "Δ no mask",
-        "delta_note": "Δ = the largest absolute difference of that position's logits.",
-        "cache": "KV cache: prefill {p} tokens, then decode one at a time",
-        "step": "step", "prefill": "prefill", "total": "total",
-        "rows_c": "rows: cache", "rows_n": "rows: full",
-        "sc_c": "scores: cache", "sc_n": "scores: full",
-        "cache_note": "'full' = no cache: forward reruns the whole prefix at every step. "
-                      "rows = query rows; scores = query rows × keys, per layer and head.",
-        "heat": "Layer {layer}, head {head} attention weights (row = query, column = key, "
-                "· = masked)",
-        "obs_mask": "With the causal mask, changing the token at position {t} cannot reach "
-                    "back: the logits at positions 0–{tm1} differ by exactly {zero}, while "
-                    "positions {t}–{last} change by {lo} to {hi}.",
-        "obs_nomask": "Without the mask (causal=False) all {n} positions change, even position "
-                      "0 (by {d0}): earlier tokens would see later ones.",
-        "obs_cache": "KV cache: prefilling {p} tokens and then decoding {steps} steps one token "
-                     "at a time gives the same logits as one full forward, max difference "
-                     "{diff}; rerunning the whole prefix at each step agrees too ({diff_n}).",
-        "obs_work": "With the cache, decoding position t computes 1 query row against t+1 keys; "
-                    "without it the whole prefix is computed again. Over the {n} positions: "
-                    "{rows_c} vs {rows_n} query rows, {sc_c} vs {sc_n} score entries "
-                    "(per layer and head).",
-        "obs_heat": "In the heatmap every weight above the diagonal is exactly 0 (·) and each "
-                    "row sums to 1 (max deviation {rowsum}). This freshly initialised model has "
-                    "tiny q·k, so row t is nearly uniform, 1/(t+1) (max deviation {unif}).",
-    },
-}
 
 
 def position_deltas(a, b):
@@ -217,6 +158,69 @@ def figures(result, lang="zh"):
     ax.set_ylabel(t["query"])
     ax.set_title(t["title"].format(layer=0, head=HEAD))
     return {"heatmap": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "模型：TINY（{layers} 层，{heads} 个查询头，{kv} 个 KV 头，d={d}），"
+                 "随机初始化（seed={seed}）；一条 {T} 个 token 的序列。",
+        "mask": "把位置 {t} 的 token 从 {a} 换成 {b}：每个位置的 logits 变了多少？",
+        "pos": "位置", "token": "token", "d_causal": "Δ 有掩码", "d_full": "Δ 无掩码",
+        "delta_note": "Δ = 该位置 logits 的最大绝对差。",
+        "cache": "KV 缓存：先预填充 {p} 个 token，再逐个解码",
+        "step": "步", "prefill": "预填充", "total": "合计",
+        "rows_c": "查询行·缓存", "rows_n": "查询行·重算",
+        "sc_c": "分数·缓存", "sc_n": "分数·重算",
+        "cache_note": "“重算”即不用缓存，每步对整个前缀重新 forward；"
+                      "分数 = 查询行×键数（每层每头）。",
+        "heat": "第 {layer} 层第 {head} 个头的注意力权重（行 = 查询，列 = 键，· = 被掩码）",
+        "obs_mask": "有因果掩码时，改动位置 {t} 的 token 不影响它之前的位置：位置 0–{tm1} 的 "
+                    "logits 最大差恰好是 {zero}；位置 {t}–{last} 则变化了 {lo}～{hi}。",
+        "obs_nomask": "去掉掩码（causal=False）后，全部 {n} 个位置都变了，连位置 0 也变了 "
+                      "{d0}：前面的 token 能“看到”后面的 token。",
+        "obs_cache": "KV 缓存：预填充 {p} 个 token，再逐个解码 {steps} 步，得到的 logits 与一次"
+                     "完整 forward 的最大差为 {diff}；每步重新计算整个前缀的最后一行也一样"
+                     "（最大差 {diff_n}）。",
+        "obs_work": "有缓存时，解码位置 t 只算 1 个查询行（对 t+1 个键）；不用缓存就要把整个"
+                    "前缀重算一遍。{n} 个位置合计：查询行 {rows_c} 对 {rows_n}，分数 {sc_c} 对 {sc_n}"
+                    "（每层每头）。",
+        "obs_heat": "热力图对角线以上的权重全部恰好为 0（·），每行之和为 1（最大偏差 {rowsum}）。"
+                    "刚初始化的模型 q·k 很小，所以第 t 行几乎是均匀的 1/(t+1)（最大偏差 {unif}）。",
+    },
+    "en": {
+        "setup": "Model: TINY ({layers} layers, {heads} query heads, {kv} KV heads, d={d}), "
+                 "random init (seed={seed}); one sequence of {T} tokens.",
+        "mask": "Change the token at position {t} from {a} to {b}: how much do each "
+                "position's logits move?",
+        "pos": "position", "token": "token", "d_causal": "Δ causal", "d_full": "Δ no mask",
+        "delta_note": "Δ = the largest absolute difference of that position's logits.",
+        "cache": "KV cache: prefill {p} tokens, then decode one at a time",
+        "step": "step", "prefill": "prefill", "total": "total",
+        "rows_c": "rows: cache", "rows_n": "rows: full",
+        "sc_c": "scores: cache", "sc_n": "scores: full",
+        "cache_note": "'full' = no cache: forward reruns the whole prefix at every step. "
+                      "rows = query rows; scores = query rows × keys, per layer and head.",
+        "heat": "Layer {layer}, head {head} attention weights (row = query, column = key, "
+                "· = masked)",
+        "obs_mask": "With the causal mask, changing the token at position {t} cannot reach "
+                    "back: the logits at positions 0–{tm1} differ by exactly {zero}, while "
+                    "positions {t}–{last} change by {lo} to {hi}.",
+        "obs_nomask": "Without the mask (causal=False) all {n} positions change, even position "
+                      "0 (by {d0}): earlier tokens would see later ones.",
+        "obs_cache": "KV cache: prefilling {p} tokens and then decoding {steps} steps one token "
+                     "at a time gives the same logits as one full forward, max difference "
+                     "{diff}; rerunning the whole prefix at each step agrees too ({diff_n}).",
+        "obs_work": "With the cache, decoding position t computes 1 query row against t+1 keys; "
+                    "without it the whole prefix is computed again. Over the {n} positions: "
+                    "{rows_c} vs {rows_n} query rows, {sc_c} vs {sc_n} score entries "
+                    "(per layer and head).",
+        "obs_heat": "In the heatmap every weight above the diagonal is exactly 0 (·) and each "
+                    "row sums to 1 (max deviation {rowsum}). This freshly initialised model has "
+                    "tiny q·k, so row t is nearly uniform, 1/(t+1) (max deviation {unif}).",
+    },
+}
 
 
 if __name__ == "__main__":

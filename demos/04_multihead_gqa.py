@@ -29,82 +29,6 @@ MHA, GQA, MQA = "8 heads", "GQA", "MQA"  # the three 8-head variants compared
 T_CHECK, H_CHECK, G_CHECK = 128, 8, 2  # the numerical checks use a shorter sequence
 
 TITLE = {"zh": "多头注意力的 FLOPs 与 GQA", "en": "Multi-head FLOPs and GQA"}
-TEXT = {
-    "zh": {
-        "or": "、", "names": {"1 head": "1 头", "8 heads": "8 头", "64 heads": "64 头",
-                  "GQA": "GQA G=2", "MQA": "MQA G=1"},
-        "setup": "d={d}，T={T}，batch 1，单层。矩阵乘 [m×k]·[k×n] 记作 2·m·k·n FLOPs"
-                 "（每项一次乘、一次加）；Q、O 投影各 d×d，K、V 各 d×(G·D)；核心"
-                 "（QKᵀ 与权重乘 V）按完整的 T×T 分数矩阵计，不计 softmax 和掩码。",
-        "cost": "每层的计算量与 KV 缓存",
-        "cfg": "配置", "proj": "投影", "kv_proj": "其中 K,V", "core": "核心",
-        "kv_vals": "KV 值/token", "kv_bytes": "fp16 字节",
-        "cost_note": "KV 值/token = 2·G·D（K 和 V），每层；fp16 每个值 2 字节。",
-        "shapes": "每个头的矩阵乘形状（核心部分）",
-        "qk": "每头 QKᵀ", "count": "个数", "scores": "分数总数", "per_score": "FLOPs/分数",
-        "decode": "解码一步（上下文 T={T}，每层）：核心 FLOPs 对读取的 K/V 字节",
-        "flops": "核心 FLOPs", "bytes": "读 K/V", "intensity": "FLOPs/字节",
-        "check": "数值检验（T={T}，{H} 个查询头，D={D}）",
-        "check_head": "attention_core 一次算完所有头，与逐头循环（普通 NumPy softmax）相比："
-                      "最大差 {diff}",
-        "check_gqa": "GQA（G={G}）与用 np.repeat 把 K/V 复制 {R} 份的 MHA 相比：最大差 {diff}",
-        "obs_heads": "把 d={d} 切成 {heads} 个头，FLOPs 完全不变：投影都是 {proj}FLOPs，"
-                     "核心都是 {core}FLOPs，一个 FLOP 都不差，因为 H·D = d。",
-        "obs_gqa": "GQA 和 MQA 只缩小 K、V：K、V 投影从 {kv_mha}FLOPs 降到 {kv_gqa}FLOPs 和 "
-                   "{kv_mqa}FLOPs，每 token 每层的缓存从 {b_mha} 字节降到 {b_gqa} 和 {b_mqa} "
-                   "字节（÷{r_gqa}、÷{r_mqa}）；核心仍是 {core}FLOPs。",
-        "obs_decode": "解码受限于字节而不是 FLOPs：T={T} 时每一步每层做 {flops}FLOPs，"
-                      "却要读 {bytes}B 的 K/V，每字节只有 {i_mha} 个 FLOP，远不够让硬件算满；"
-                      "GQA、MQA 用同样的 FLOPs 只读 1/{r_gqa}、1/{r_mqa} 的字节"
-                      "（{i_gqa}、{i_mqa} FLOPs/字节）。",
-        "obs_thin": "头太多会让每个矩阵乘变“瘦”：{H} 个头时 D={D}，每个 QKᵀ 是 {shape}，内维只有 "
-                    "{D}，每个分数只摊到 {per} 个 FLOP；还要写 {n} 个 T×T 分数矩阵，共 {sc} 个"
-                    "元素（{H8} 个头时 {sc8}）。",
-        "obs_check": "检验：一次算完所有头与逐头循环一致（最大差 {d_head}）；GQA 与把 K/V 复制 "
-                     "{R} 份的 MHA 一致（最大差 {d_gqa}）——GQA 就是每个 K/V 头由 {R} 个查询头"
-                     "共享。",
-    },
-    "en": {
-        "or": ", ", "names": {"1 head": "1 head", "8 heads": "8 heads", "64 heads": "64 heads",
-                  "GQA": "GQA G=2", "MQA": "MQA G=1"},
-        "setup": "d={d}, T={T}, batch 1, one layer. A matmul [m×k]·[k×n] counts "
-                 "2·m·k·n FLOPs (a multiply and an add per term); Q and O projections are "
-                 "d×d each, K and V d×(G·D) each; the core (QKᵀ and weights times V) counts "
-                 "the full T×T score matrix, not the softmax or the mask.",
-        "cost": "Work per layer and the KV cache",
-        "cfg": "config", "proj": "proj", "kv_proj": "of it K,V", "core": "core",
-        "kv_vals": "KV vals/tok", "kv_bytes": "fp16 bytes",
-        "cost_note": "KV values per token = 2·G·D (K and V), per layer; 2 bytes each in fp16.",
-        "shapes": "Per-head matmul shapes (the core)",
-        "qk": "QKᵀ per head", "count": "count", "scores": "scores", "per_score": "FLOPs/score",
-        "decode": "One decode step (context T={T}, per layer): core FLOPs vs K/V bytes read",
-        "flops": "core FLOPs", "bytes": "K/V read", "intensity": "FLOPs/byte",
-        "check": "Numerical checks (T={T}, {H} query heads, D={D})",
-        "check_head": "All heads at once (attention_core) vs a per-head loop with plain NumPy "
-                      "softmax: max difference {diff}",
-        "check_gqa": "GQA (G={G}) vs MHA on K/V repeated {R}× with np.repeat: "
-                     "max difference {diff}",
-        "obs_heads": "Splitting d={d} into {heads} heads leaves the FLOPs unchanged: "
-                     "{proj}FLOPs of projections and {core}FLOPs of core every time, to the "
-                     "last FLOP, because H·D = d.",
-        "obs_gqa": "GQA and MQA shrink only K and V: their projections fall from "
-                   "{kv_mha}FLOPs to {kv_gqa}FLOPs and {kv_mqa}FLOPs, the cache per token "
-                   "per layer from {b_mha} to {b_gqa} and {b_mqa} bytes (÷{r_gqa}, ÷{r_mqa}); "
-                   "the core stays at {core}FLOPs.",
-        "obs_decode": "Decode is bound by bytes, not FLOPs: at T={T} one step does "
-                      "{flops}FLOPs per layer but reads {bytes}B of K/V: only {i_mha} FLOP per "
-                      "byte, far too few to keep any accelerator's arithmetic busy; GQA and "
-                      "MQA do the same FLOPs reading 1/{r_gqa} and 1/{r_mqa} of the bytes "
-                      "({i_gqa} and {i_mqa} FLOPs per byte).",
-        "obs_thin": "Very many heads make each matmul thin: at {H} heads D={D}, so each QKᵀ is "
-                    "{shape}, an inner dimension of only {D} and {per} FLOPs per score, and "
-                    "there are {n} T×T score matrices to write, {sc} entries (vs {sc8} at {H8} "
-                    "heads).",
-        "obs_check": "Checks: all heads at once equal the per-head loop (max difference "
-                     "{d_head}); GQA equals MHA with K/V repeated {R}× (max difference "
-                     "{d_gqa}): GQA is MHA with each K/V head shared by {R} query heads.",
-    },
-}
 
 
 def matmuls(H, G, d=D_MODEL, T=T):
@@ -233,6 +157,86 @@ def render(result, lang="zh"):
         t["obs_check"].format(d_head=fmt_float(c["per_head_diff"]), d_gqa=fmt_float(c["gqa_diff"]),
                               R=c["R"]),
     ])
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "or": "、", "names": {"1 head": "1 头", "8 heads": "8 头", "64 heads": "64 头",
+                  "GQA": "GQA G=2", "MQA": "MQA G=1"},
+        "setup": "d={d}，T={T}，batch 1，单层。矩阵乘 [m×k]·[k×n] 记作 2·m·k·n FLOPs"
+                 "（每项一次乘、一次加）；Q、O 投影各 d×d，K、V 各 d×(G·D)；核心"
+                 "（QKᵀ 与权重乘 V）按完整的 T×T 分数矩阵计，不计 softmax 和掩码。",
+        "cost": "每层的计算量与 KV 缓存",
+        "cfg": "配置", "proj": "投影", "kv_proj": "其中 K,V", "core": "核心",
+        "kv_vals": "KV 值/token", "kv_bytes": "fp16 字节",
+        "cost_note": "KV 值/token = 2·G·D（K 和 V），每层；fp16 每个值 2 字节。",
+        "shapes": "每个头的矩阵乘形状（核心部分）",
+        "qk": "每头 QKᵀ", "count": "个数", "scores": "分数总数", "per_score": "FLOPs/分数",
+        "decode": "解码一步（上下文 T={T}，每层）：核心 FLOPs 对读取的 K/V 字节",
+        "flops": "核心 FLOPs", "bytes": "读 K/V", "intensity": "FLOPs/字节",
+        "check": "数值检验（T={T}，{H} 个查询头，D={D}）",
+        "check_head": "attention_core 一次算完所有头，与逐头循环（普通 NumPy softmax）相比："
+                      "最大差 {diff}",
+        "check_gqa": "GQA（G={G}）与用 np.repeat 把 K/V 复制 {R} 份的 MHA 相比：最大差 {diff}",
+        "obs_heads": "把 d={d} 切成 {heads} 个头，FLOPs 完全不变：投影都是 {proj}FLOPs，"
+                     "核心都是 {core}FLOPs，一个 FLOP 都不差，因为 H·D = d。",
+        "obs_gqa": "GQA 和 MQA 只缩小 K、V：K、V 投影从 {kv_mha}FLOPs 降到 {kv_gqa}FLOPs 和 "
+                   "{kv_mqa}FLOPs，每 token 每层的缓存从 {b_mha} 字节降到 {b_gqa} 和 {b_mqa} "
+                   "字节（÷{r_gqa}、÷{r_mqa}）；核心仍是 {core}FLOPs。",
+        "obs_decode": "解码受限于字节而不是 FLOPs：T={T} 时每一步每层做 {flops}FLOPs，"
+                      "却要读 {bytes}B 的 K/V，每字节只有 {i_mha} 个 FLOP，远不够让硬件算满；"
+                      "GQA、MQA 用同样的 FLOPs 只读 1/{r_gqa}、1/{r_mqa} 的字节"
+                      "（{i_gqa}、{i_mqa} FLOPs/字节）。",
+        "obs_thin": "头太多会让每个矩阵乘变“瘦”：{H} 个头时 D={D}，每个 QKᵀ 是 {shape}，内维只有 "
+                    "{D}，每个分数只摊到 {per} 个 FLOP；还要写 {n} 个 T×T 分数矩阵，共 {sc} 个"
+                    "元素（{H8} 个头时 {sc8}）。",
+        "obs_check": "检验：一次算完所有头与逐头循环一致（最大差 {d_head}）；GQA 与把 K/V 复制 "
+                     "{R} 份的 MHA 一致（最大差 {d_gqa}）——GQA 就是每个 K/V 头由 {R} 个查询头"
+                     "共享。",
+    },
+    "en": {
+        "or": ", ", "names": {"1 head": "1 head", "8 heads": "8 heads", "64 heads": "64 heads",
+                  "GQA": "GQA G=2", "MQA": "MQA G=1"},
+        "setup": "d={d}, T={T}, batch 1, one layer. A matmul [m×k]·[k×n] counts "
+                 "2·m·k·n FLOPs (a multiply and an add per term); Q and O projections are "
+                 "d×d each, K and V d×(G·D) each; the core (QKᵀ and weights times V) counts "
+                 "the full T×T score matrix, not the softmax or the mask.",
+        "cost": "Work per layer and the KV cache",
+        "cfg": "config", "proj": "proj", "kv_proj": "of it K,V", "core": "core",
+        "kv_vals": "KV vals/tok", "kv_bytes": "fp16 bytes",
+        "cost_note": "KV values per token = 2·G·D (K and V), per layer; 2 bytes each in fp16.",
+        "shapes": "Per-head matmul shapes (the core)",
+        "qk": "QKᵀ per head", "count": "count", "scores": "scores", "per_score": "FLOPs/score",
+        "decode": "One decode step (context T={T}, per layer): core FLOPs vs K/V bytes read",
+        "flops": "core FLOPs", "bytes": "K/V read", "intensity": "FLOPs/byte",
+        "check": "Numerical checks (T={T}, {H} query heads, D={D})",
+        "check_head": "All heads at once (attention_core) vs a per-head loop with plain NumPy "
+                      "softmax: max difference {diff}",
+        "check_gqa": "GQA (G={G}) vs MHA on K/V repeated {R}× with np.repeat: "
+                     "max difference {diff}",
+        "obs_heads": "Splitting d={d} into {heads} heads leaves the FLOPs unchanged: "
+                     "{proj}FLOPs of projections and {core}FLOPs of core every time, to the "
+                     "last FLOP, because H·D = d.",
+        "obs_gqa": "GQA and MQA shrink only K and V: their projections fall from "
+                   "{kv_mha}FLOPs to {kv_gqa}FLOPs and {kv_mqa}FLOPs, the cache per token "
+                   "per layer from {b_mha} to {b_gqa} and {b_mqa} bytes (÷{r_gqa}, ÷{r_mqa}); "
+                   "the core stays at {core}FLOPs.",
+        "obs_decode": "Decode is bound by bytes, not FLOPs: at T={T} one step does "
+                      "{flops}FLOPs per layer but reads {bytes}B of K/V: only {i_mha} FLOP per "
+                      "byte, far too few to keep any accelerator's arithmetic busy; GQA and "
+                      "MQA do the same FLOPs reading 1/{r_gqa} and 1/{r_mqa} of the bytes "
+                      "({i_gqa} and {i_mqa} FLOPs per byte).",
+        "obs_thin": "Very many heads make each matmul thin: at {H} heads D={D}, so each QKᵀ is "
+                    "{shape}, an inner dimension of only {D} and {per} FLOPs per score, and "
+                    "there are {n} T×T score matrices to write, {sc} entries (vs {sc8} at {H8} "
+                    "heads).",
+        "obs_check": "Checks: all heads at once equal the per-head loop (max difference "
+                     "{d_head}); GQA equals MHA with K/V repeated {R}× (max difference "
+                     "{d_gqa}): GQA is MHA with each K/V head shared by {R} query heads.",
+    },
+}
 
 
 if __name__ == "__main__":

@@ -51,124 +51,6 @@ HEAD_NORM = 20.0
 HEAD_SHOW = (3, 7, 11)
 
 TITLE = {"zh": "位置：注意力怎么知道顺序", "en": "Positions: how attention knows order"}
-TEXT = {
-    "zh": {
-        "sep": "、",
-        "perm": "(a) 打乱顺序：先打乱再前向 vs 先前向再打乱（{n} 个 token，TINY 模型）",
-        "perm_setup": "perm = [{perm}]：打乱后第 i 个位置放原来第 perm[i] 个 token",
-        "setting": "设置", "maxdiff": "最大差 |Δ|", "verdict": "顺序可见？",
-        "no_pos_no_mask": "无位置，无掩码", "no_pos_causal": "无位置，因果掩码",
-        "rope_no_mask": "RoPE，无掩码",
-        "seen": "是", "unseen": "否（舍入）",
-        "sin": "(b) 正弦位置编码：平移 k 个位置 = 乘一个固定的旋转矩阵 M_k",
-        "sin_setup": "d = {d}；M_k 由 2×2 旋转块组成，第 i 块转 k·ωᵢ，只由 k 决定；"
-                     "误差取 p = 0…{pmax} 上的最大值。",
-        "k": "k", "rot_err": "max |PE(p+k) − M_k·PE(p)|",
-        "distinct": "前 {n} 个位置的编码两两不同吗？",
-        "method": "方法", "pairs": "比较了", "n_pairs": "{n} 对位置", "n_offsets": "{n} 个偏移",
-        "min_dist": "最小距离", "where": "出现在",
-        "gram": "全部位置对（Gram）", "offset": "只比较偏移",
-        "pair_at": "位置 {a} 与 {b}", "offset_at": "偏移 {k}",
-        "gram_skipped": "（--quick 模式下跳过全部位置对的暴力比较）",
-        "rope": "(c) RoPE：同一个 q 和 k 放在不同位置 (m, n)",
-        "rope_setup": "head_dim = {d}；score = q_m·k_n，q、k 是固定的随机向量。",
-        "mn": "(m, n)", "m_minus_n": "m − n", "score": "q_m·k_n", "vs_first": "与第一行之差",
-        "head": "(d) 手工搭一个“看前一个 token”的头：只用 RoPE，所有 token 完全相同",
-        "head_setup": "{t} 个相同的 token；k 只在第 {pair} 对通道上有能量"
-                      "（每个位置转 θ = {theta:.3f} 弧度，转一整圈要 {turn:.1f} 个位置），"
-                      "|k| = {norm:g}；q = R(−θ)·k，即把 k 往回转一个位置；因果掩码。",
-        "heat_title": "注意力权重（行：查询 t，列：键）",
-        "obs_perm_exact": "没有位置也没有掩码时，打乱输入只会同样地打乱输出：两种顺序的差恰好是 "
-                          "{x}。单靠注意力，模型看到的只是一袋 token，没有顺序。",
-        "obs_perm_round": "没有位置也没有掩码时，打乱输入只会同样地打乱输出：两种顺序的差是 "
-                          "{x}，只是舍入误差（≤ {tol:g}；打乱后，同样的求和换了相加的先后顺序）。"
-                          "单靠注意力，模型看到的只是一袋 token，没有顺序。",
-        "obs_causal": "只加因果掩码、不加任何位置信号，差就变成 {y}：第 t 个 token "
-                      "只能看到它前面的 token，谁先谁后于是有了区别。掩码本身就泄露了顺序。",
-        "obs_rope": "只加 RoPE、不加掩码，差是 {z}。数值不大，因为未训练模型的打分都接近 0，"
-                    "注意力几乎是均匀的（第 1 层每个权重与均匀值 1/{t} 相差不到 {dev}）；"
-                    "但它远大于舍入误差：位置信息已经进入了打分。",
-        "obs_shift": "PE(p+k) = M_k·PE(p)，M_k 只由 k 决定，与 p 无关。在 p = 0…{pmax}、"
-                     "k ∈ {{{ks}}} 上最大误差为 {err}，只是舍入。平移位置是一个固定的"
-                     "线性变换，模型的线性层学得会。",
-        "obs_distinct": "前 {n} 个位置里没有两个位置的编码相同：最近的一对相距 {dmin}，"
-                        "出现在偏移 {k}（相邻位置）。M_k 是旋转，所以两个位置的距离只取决于"
-                        "偏移：比较 {nk} 个偏移就覆盖了所有位置对。",
-        "obs_distinct_gram": "用 Gram 技巧分块比较全部 {npairs} 对位置，得到同一个最小距离 "
-                             "{dmin_gram}，与只比较偏移的结果一致。",
-        "obs_rope_rel": "前三组的 m − n 都是 {rel}，打分相同，彼此最多相差 {maxdiff}，"
-                        "即使在位置 {far} 也是如此；{mn_last} 的 m − n = {rel_last}，打分变为 "
-                        "{s_last:.4f}（第一组为 {s_first:.4f}）。RoPE 的打分只看相对位置。",
-        "obs_head": "所有 token 都一样，区别只在位置；但从 t = 1 起，每个查询 t 的最大权重"
-                    "都落在 t−1 上。t = {shown} 时，t−1 的权重分别是 {ws}。t0 前面没有 "
-                    "token，只能看自己。",
-        "obs_head_why": "原因：RoPE 之后打分是 |k|²·cos((m−n−1)θ)/√D，在 n = m−1 时最大。"
-                        "θ 足够低，{t} 个位置内转不满一圈，所以峰值唯一；|k| 取得大，"
-                        "峰值就尖：比次高的打分高出 {gap:.2f}。",
-    },
-    "en": {
-        "sep": ", ",
-        "perm": "(a) Shuffle: permute-then-forward vs forward-then-permute ({n} tokens, TINY)",
-        "perm_setup": "perm = [{perm}]: shuffled position i holds old token perm[i]",
-        "setting": "setting", "maxdiff": "max |Δ|", "verdict": "order seen?",
-        "no_pos_no_mask": "no positions, no mask", "no_pos_causal": "no positions, causal mask",
-        "rope_no_mask": "RoPE, no mask",
-        "seen": "yes", "unseen": "no (rounding)",
-        "sin": "(b) Sinusoidal encodings: shifting by k positions = a fixed rotation M_k",
-        "sin_setup": "d = {d}; M_k is made of 2×2 rotation blocks, block i turning by k·ωᵢ, "
-                     "so it depends on k alone; the error is the max over p = 0…{pmax}.",
-        "k": "k", "rot_err": "max |PE(p+k) − M_k·PE(p)|",
-        "distinct": "Are the first {n} encodings all different?",
-        "method": "method", "pairs": "compared", "n_pairs": "{n} pairs", "n_offsets": "{n} offsets",
-        "min_dist": "min distance", "where": "at",
-        "gram": "all pairs (Gram)", "offset": "offsets only",
-        "pair_at": "positions {a} and {b}", "offset_at": "offset {k}",
-        "gram_skipped": "(the brute-force check of all pairs is skipped with --quick)",
-        "rope": "(c) RoPE: the same q and k placed at positions (m, n)",
-        "rope_setup": "head_dim = {d}; score = q_m·k_n, with q and k fixed random vectors.",
-        "mn": "(m, n)", "m_minus_n": "m − n", "score": "q_m·k_n", "vs_first": "minus row 1",
-        "head": "(d) A previous-token head built by hand from RoPE, all tokens identical",
-        "head_setup": "{t} identical tokens; k has energy only in channel pair {pair} "
-                      "(it turns θ = {theta:.3f} rad per position, a full turn every "
-                      "{turn:.1f} positions), |k| = {norm:g}; q = R(−θ)·k, i.e. k turned "
-                      "back by one position; causal mask.",
-        "heat_title": "Attention weights (rows: query t, columns: keys)",
-        "obs_perm_exact": "With no positions and no mask, shuffling the input only shuffles the "
-                          "output: the two orders differ by exactly {x}. Attention alone sees a "
-                          "bag of tokens, with no order.",
-        "obs_perm_round": "With no positions and no mask, shuffling the input only shuffles the "
-                          "output: the two orders differ by {x}, which is rounding (≤ {tol:g}: "
-                          "the same sums are added up in a different order). "
-                          "Attention alone sees a bag of tokens, with no order.",
-        "obs_causal": "A causal mask with no position signal at all already gives a difference of "
-                      "{y}: token t sees only the tokens before it, so which token comes first "
-                      "matters. The mask itself leaks order.",
-        "obs_rope": "RoPE with no mask: a difference of {z}. It is small because the untrained "
-                    "model's scores are all near 0, so its attention is almost uniform (every "
-                    "layer-1 weight is within {dev} of the uniform 1/{t}), but it is far above "
-                    "rounding: the positions have reached the scores.",
-        "obs_shift": "PE(p+k) = M_k·PE(p), with M_k built from k alone, whatever p is. Over "
-                     "p = 0…{pmax} and k ∈ {{{ks}}} the largest error is {err}, i.e. rounding. "
-                     "A shift in position is a fixed linear map, which a linear layer can learn.",
-        "obs_distinct": "No two of the first {n} positions share an encoding: the closest pair is "
-                        "{dmin} apart, at offset {k} (neighbours). Because M_k is a rotation, the "
-                        "distance between two positions depends only on their offset, so "
-                        "comparing {nk} offsets covers every pair.",
-        "obs_distinct_gram": "Comparing all {npairs} pairs with the Gram trick, in blocks, gives "
-                             "the same minimum distance, {dmin_gram}, as the offsets alone.",
-        "obs_rope_rel": "The first three rows all have m − n = {rel} and the same score, within "
-                        "{maxdiff} of each other, even at position {far}; {mn_last} has m − n = "
-                        "{rel_last} and a different score, {s_last:.4f} (row 1: {s_first:.4f}). "
-                        "A RoPE score sees only the relative position.",
-        "obs_head": "All the tokens are the same; only their positions differ. Yet every query "
-                    "t ≥ 1 puts its largest weight on t−1. At t = {shown} that weight is {ws}. "
-                    "t0 has no token before it and can only look at itself.",
-        "obs_head_why": "Why: after RoPE the score is |k|²·cos((m−n−1)θ)/√D, largest at "
-                        "n = m−1. θ is low enough not to complete a turn within {t} positions, "
-                        "so the peak is unique, and a large |k| makes it sharp: the peak score is "
-                        "{gap:.2f} above the next highest.",
-    },
-}
 
 
 # ---------------------------------------------------------------- (a) permutation
@@ -491,6 +373,128 @@ def figures(result, lang="zh"):
     ax.set_title(t["head_title"])
     out["previous_token_head"] = fig
     return out
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "sep": "、",
+        "perm": "(a) 打乱顺序：先打乱再前向 vs 先前向再打乱（{n} 个 token，TINY 模型）",
+        "perm_setup": "perm = [{perm}]：打乱后第 i 个位置放原来第 perm[i] 个 token",
+        "setting": "设置", "maxdiff": "最大差 |Δ|", "verdict": "顺序可见？",
+        "no_pos_no_mask": "无位置，无掩码", "no_pos_causal": "无位置，因果掩码",
+        "rope_no_mask": "RoPE，无掩码",
+        "seen": "是", "unseen": "否（舍入）",
+        "sin": "(b) 正弦位置编码：平移 k 个位置 = 乘一个固定的旋转矩阵 M_k",
+        "sin_setup": "d = {d}；M_k 由 2×2 旋转块组成，第 i 块转 k·ωᵢ，只由 k 决定；"
+                     "误差取 p = 0…{pmax} 上的最大值。",
+        "k": "k", "rot_err": "max |PE(p+k) − M_k·PE(p)|",
+        "distinct": "前 {n} 个位置的编码两两不同吗？",
+        "method": "方法", "pairs": "比较了", "n_pairs": "{n} 对位置", "n_offsets": "{n} 个偏移",
+        "min_dist": "最小距离", "where": "出现在",
+        "gram": "全部位置对（Gram）", "offset": "只比较偏移",
+        "pair_at": "位置 {a} 与 {b}", "offset_at": "偏移 {k}",
+        "gram_skipped": "（--quick 模式下跳过全部位置对的暴力比较）",
+        "rope": "(c) RoPE：同一个 q 和 k 放在不同位置 (m, n)",
+        "rope_setup": "head_dim = {d}；score = q_m·k_n，q、k 是固定的随机向量。",
+        "mn": "(m, n)", "m_minus_n": "m − n", "score": "q_m·k_n", "vs_first": "与第一行之差",
+        "head": "(d) 手工搭一个“看前一个 token”的头：只用 RoPE，所有 token 完全相同",
+        "head_setup": "{t} 个相同的 token；k 只在第 {pair} 对通道上有能量"
+                      "（每个位置转 θ = {theta:.3f} 弧度，转一整圈要 {turn:.1f} 个位置），"
+                      "|k| = {norm:g}；q = R(−θ)·k，即把 k 往回转一个位置；因果掩码。",
+        "heat_title": "注意力权重（行：查询 t，列：键）",
+        "obs_perm_exact": "没有位置也没有掩码时，打乱输入只会同样地打乱输出：两种顺序的差恰好是 "
+                          "{x}。单靠注意力，模型看到的只是一袋 token，没有顺序。",
+        "obs_perm_round": "没有位置也没有掩码时，打乱输入只会同样地打乱输出：两种顺序的差是 "
+                          "{x}，只是舍入误差（≤ {tol:g}；打乱后，同样的求和换了相加的先后顺序）。"
+                          "单靠注意力，模型看到的只是一袋 token，没有顺序。",
+        "obs_causal": "只加因果掩码、不加任何位置信号，差就变成 {y}：第 t 个 token "
+                      "只能看到它前面的 token，谁先谁后于是有了区别。掩码本身就泄露了顺序。",
+        "obs_rope": "只加 RoPE、不加掩码，差是 {z}。数值不大，因为未训练模型的打分都接近 0，"
+                    "注意力几乎是均匀的（第 1 层每个权重与均匀值 1/{t} 相差不到 {dev}）；"
+                    "但它远大于舍入误差：位置信息已经进入了打分。",
+        "obs_shift": "PE(p+k) = M_k·PE(p)，M_k 只由 k 决定，与 p 无关。在 p = 0…{pmax}、"
+                     "k ∈ {{{ks}}} 上最大误差为 {err}，只是舍入。平移位置是一个固定的"
+                     "线性变换，模型的线性层学得会。",
+        "obs_distinct": "前 {n} 个位置里没有两个位置的编码相同：最近的一对相距 {dmin}，"
+                        "出现在偏移 {k}（相邻位置）。M_k 是旋转，所以两个位置的距离只取决于"
+                        "偏移：比较 {nk} 个偏移就覆盖了所有位置对。",
+        "obs_distinct_gram": "用 Gram 技巧分块比较全部 {npairs} 对位置，得到同一个最小距离 "
+                             "{dmin_gram}，与只比较偏移的结果一致。",
+        "obs_rope_rel": "前三组的 m − n 都是 {rel}，打分相同，彼此最多相差 {maxdiff}，"
+                        "即使在位置 {far} 也是如此；{mn_last} 的 m − n = {rel_last}，打分变为 "
+                        "{s_last:.4f}（第一组为 {s_first:.4f}）。RoPE 的打分只看相对位置。",
+        "obs_head": "所有 token 都一样，区别只在位置；但从 t = 1 起，每个查询 t 的最大权重"
+                    "都落在 t−1 上。t = {shown} 时，t−1 的权重分别是 {ws}。t0 前面没有 "
+                    "token，只能看自己。",
+        "obs_head_why": "原因：RoPE 之后打分是 |k|²·cos((m−n−1)θ)/√D，在 n = m−1 时最大。"
+                        "θ 足够低，{t} 个位置内转不满一圈，所以峰值唯一；|k| 取得大，"
+                        "峰值就尖：比次高的打分高出 {gap:.2f}。",
+    },
+    "en": {
+        "sep": ", ",
+        "perm": "(a) Shuffle: permute-then-forward vs forward-then-permute ({n} tokens, TINY)",
+        "perm_setup": "perm = [{perm}]: shuffled position i holds old token perm[i]",
+        "setting": "setting", "maxdiff": "max |Δ|", "verdict": "order seen?",
+        "no_pos_no_mask": "no positions, no mask", "no_pos_causal": "no positions, causal mask",
+        "rope_no_mask": "RoPE, no mask",
+        "seen": "yes", "unseen": "no (rounding)",
+        "sin": "(b) Sinusoidal encodings: shifting by k positions = a fixed rotation M_k",
+        "sin_setup": "d = {d}; M_k is made of 2×2 rotation blocks, block i turning by k·ωᵢ, "
+                     "so it depends on k alone; the error is the max over p = 0…{pmax}.",
+        "k": "k", "rot_err": "max |PE(p+k) − M_k·PE(p)|",
+        "distinct": "Are the first {n} encodings all different?",
+        "method": "method", "pairs": "compared", "n_pairs": "{n} pairs", "n_offsets": "{n} offsets",
+        "min_dist": "min distance", "where": "at",
+        "gram": "all pairs (Gram)", "offset": "offsets only",
+        "pair_at": "positions {a} and {b}", "offset_at": "offset {k}",
+        "gram_skipped": "(the brute-force check of all pairs is skipped with --quick)",
+        "rope": "(c) RoPE: the same q and k placed at positions (m, n)",
+        "rope_setup": "head_dim = {d}; score = q_m·k_n, with q and k fixed random vectors.",
+        "mn": "(m, n)", "m_minus_n": "m − n", "score": "q_m·k_n", "vs_first": "minus row 1",
+        "head": "(d) A previous-token head built by hand from RoPE, all tokens identical",
+        "head_setup": "{t} identical tokens; k has energy only in channel pair {pair} "
+                      "(it turns θ = {theta:.3f} rad per position, a full turn every "
+                      "{turn:.1f} positions), |k| = {norm:g}; q = R(−θ)·k, i.e. k turned "
+                      "back by one position; causal mask.",
+        "heat_title": "Attention weights (rows: query t, columns: keys)",
+        "obs_perm_exact": "With no positions and no mask, shuffling the input only shuffles the "
+                          "output: the two orders differ by exactly {x}. Attention alone sees a "
+                          "bag of tokens, with no order.",
+        "obs_perm_round": "With no positions and no mask, shuffling the input only shuffles the "
+                          "output: the two orders differ by {x}, which is rounding (≤ {tol:g}: "
+                          "the same sums are added up in a different order). "
+                          "Attention alone sees a bag of tokens, with no order.",
+        "obs_causal": "A causal mask with no position signal at all already gives a difference of "
+                      "{y}: token t sees only the tokens before it, so which token comes first "
+                      "matters. The mask itself leaks order.",
+        "obs_rope": "RoPE with no mask: a difference of {z}. It is small because the untrained "
+                    "model's scores are all near 0, so its attention is almost uniform (every "
+                    "layer-1 weight is within {dev} of the uniform 1/{t}), but it is far above "
+                    "rounding: the positions have reached the scores.",
+        "obs_shift": "PE(p+k) = M_k·PE(p), with M_k built from k alone, whatever p is. Over "
+                     "p = 0…{pmax} and k ∈ {{{ks}}} the largest error is {err}, i.e. rounding. "
+                     "A shift in position is a fixed linear map, which a linear layer can learn.",
+        "obs_distinct": "No two of the first {n} positions share an encoding: the closest pair is "
+                        "{dmin} apart, at offset {k} (neighbours). Because M_k is a rotation, the "
+                        "distance between two positions depends only on their offset, so "
+                        "comparing {nk} offsets covers every pair.",
+        "obs_distinct_gram": "Comparing all {npairs} pairs with the Gram trick, in blocks, gives "
+                             "the same minimum distance, {dmin_gram}, as the offsets alone.",
+        "obs_rope_rel": "The first three rows all have m − n = {rel} and the same score, within "
+                        "{maxdiff} of each other, even at position {far}; {mn_last} has m − n = "
+                        "{rel_last} and a different score, {s_last:.4f} (row 1: {s_first:.4f}). "
+                        "A RoPE score sees only the relative position.",
+        "obs_head": "All the tokens are the same; only their positions differ. Yet every query "
+                    "t ≥ 1 puts its largest weight on t−1. At t = {shown} that weight is {ws}. "
+                    "t0 has no token before it and can only look at itself.",
+        "obs_head_why": "Why: after RoPE the score is |k|²·cos((m−n−1)θ)/√D, largest at "
+                        "n = m−1. θ is low enough not to complete a turn within {t} positions, "
+                        "so the peak is unique, and a large |k| makes it sharp: the peak score is "
+                        "{gap:.2f} above the next highest.",
+    },
+}
 
 
 if __name__ == "__main__":

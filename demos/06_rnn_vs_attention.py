@@ -33,146 +33,6 @@ DTYPE = np.float32
 SIMILAR = 1.1  # two times within 10% of each other are "about the same"
 
 TITLE = {"zh": "RNN 与注意力：FLOPs 与并行", "en": "RNN vs attention: FLOPs and parallelism"}
-TEXT = {
-    "zh": {
-        "flops": "FLOPs（d = {d}）：RNN 每个 token 4d²，注意力核心每个 token 4nd",
-        "n": "n", "rnn": "RNN 4nd²", "core": "核心 4n²d", "proj": "投影 8nd²",
-        "core_over_rnn": "核心÷RNN", "rnn_steps": "RNN 步数", "attn_steps": "注意力步数",
-        "flops_note": "投影（Q、K、V、O 四个 d×d 矩阵）和 RNN 自己的矩阵乘一样按 token 计算，"
-                      "但 n 个 token 可以一次算完。因果掩码只需要 n(n+1)/2 个看得见的打分："
-                      "2n(n+1)d，约为核心的一半。",
-        "timing": "实测时间（float32，batch 1，d = {d}，预热一次后轮流测 {r} 次，取中位数）",
-        "timing_note": "RNN 逐步：h_t = tanh(h_{{t−1}}·W_h + x_t·W_x)，Python 循环，每步两个 "
-                       "[1,d]@[d,d]；同样的 FLOPs 一次算：[h_{{t−1}},x_t] 拼成 [n,2d]，"
-                       "乘 [2d,d]；因果注意力：attention_core，1 个头，head_dim = d。",
-        "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "注意力",
-        "loop_over_mm": "逐步÷矩阵乘", "attn_over_loop": "注意力÷逐步", "spread": "波动",
-        "rates": "GFLOP/s（注意力按 2n(n+1)d 计）",
-        "unsteady_after": "~ 重测 {s} 后，这些行仍不稳定",
-        "unsteady_no_time": "~ 这些行不稳定（再测一次会超出 {b} 的重测时间预算）",
-        "unsteady_why": "：重复测量的最慢÷最快超过 {lim}，或者本演示的线程等 CPU 的时间超过"
-                        "测量时间的 {w}。这些行的快慢顺序可能不成立。",
-        "busy": "测量时机器很忙：重复测量的结果相差最多 {x} 倍{wait}；标 ~ 的行，"
-                "快慢顺序可能不成立，下面不据此下结论。",
-        "busy_wait": "，本演示的线程等 CPU 的时间是测量时间的 {w}（各线程相加）",
-        "speed_changed": "机器的速度在演示中途变了：{n}×{n} 的 float32 矩阵乘开始时 "
-                         "{a}FLOP/s，结束时 {b}FLOP/s。",
-        "same_check": "一次矩阵乘算出的隐状态与逐步循环最多差 {err}（同样的算术，只差 "
-                      "float32 舍入）。但它要先知道所有 h_{{t−1}}，而 RNN 恰恰做不到。",
-        "obs_flops": "FLOPs：每个 token，RNN 要 4d²，注意力核心要 4nd，所以核心的计算量是 "
-                     "RNN 的 n/d 倍：n = {n_lo} 时 {r_lo} 倍，n = {n_hi} 时 {r_hi} 倍"
-                     "（d = {d}）。n < d 时注意力核心反而更省。但在 n = {n_hi} 时，RNN 要连续走 "
-                     "{n_hi} 步，注意力只要 1 步。",
-        "obs_loop_slower": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
-                           "一次矩阵乘只要 {t_mm}：逐步慢了 {x:.1f} 倍"
-                           "（{g_loop} 对 {g_mm} GFLOP/s）。每步 [1,d]@[d,d] 太小，喂不饱硬件。",
-        "obs_loop_faster": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
-                           "一次矩阵乘用了 {t_mm}：这台机器上逐步反而快 {x:.1f} 倍"
-                           "（{g_loop} 对 {g_mm} GFLOP/s）。",
-        "obs_loop_same": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
-                         "一次矩阵乘用了 {t_mm}：这台机器上两者差不多"
-                         "（{g_loop} 对 {g_mm} GFLOP/s）。",
-        "obs_attn": "n = {n} 时，因果注意力需要的 FLOPs（n(n+1)/2 个看得见的打分）是 RNN 的 "
-                    "{k:.1f} 倍，用时 {t_att}，逐步的 RNN 用时 {t_loop}：",
-        "attn_faster": "注意力快了 {x:.1f} 倍，因为它的打分都在几次大矩阵乘里算完。",
-        "attn_same": "两者差不多。",
-        "attn_same_per_flop": "两者差不多，所以每个 FLOP 注意力快了 {g:.1f} 倍。",
-        "attn_cheaper": "注意力用时是 RNN 的 {x:.1f} 倍，但每个 FLOP 快了 {g:.1f} 倍，"
-                        "因为它的打分都在几次大矩阵乘里算完。",
-        "attn_slower": "注意力用时是 RNN 的 {x:.1f} 倍：这台机器上，多出来的计算没有被并行赚回来。",
-        "obs_loop_unknown": "n = {n} 时，逐步的 RNN 用了 {t_loop}，同样的 FLOPs 一次矩阵乘用了 "
-                            "{t_mm}；但这一行的测量不稳定（标 ~），这里无法判断哪个更快。",
-        "attn_unknown": "这一行的测量不稳定（标 ~），这里无法判断哪个更快。",
-        "obs_training": "训练时整段序列都已知，所有位置可以同时算。注意力和投影都是几次"
-                        "大矩阵乘，能把所有核都用上。RNN 做不到：h_t 要等 h_{{t−1}}，"
-                        "n = {n} 就是 {n} 个前后依赖的小步，硬件再多也帮不上。GPU "
-                        "的并行单元比这台 CPU 多得多，一个 [1,d] 的小步让大部分单元闲着，"
-                        "差距只会更大。所以即使计算量更大，能并行的注意力还是胜出了。",
-        "obs_decode": "生成时顺序又回来了：第 t+1 个 token 出来之前没法算第 t+2 个，"
-                      "所以解码每步只处理一个 token，和上面的 RNN 一样，是 [1,d] "
-                      "向量乘以每个权重矩阵。每个 float32 权重（{b} 字节）从内存读进来只做 "
-                      "2 次 FLOP：每步读 {kib} KiB 权重、做 {f} FLOPs，只有 {i:g} FLOP/字节；"
-                      "而一次算 n = {n} 个位置的矩阵乘有 {i_mm:.0f} FLOP/字节。"
-                      "解码的速度由内存带宽决定，而不是算力：它是内存受限的。"
-                      "所以推理服务要把很多请求拼成一批，一起解码。",
-    },
-    "en": {
-        "flops": "FLOPs (d = {d}): the RNN does 4d² per token, attention's core 4nd",
-        "n": "n", "rnn": "RNN 4nd²", "core": "core 4n²d", "proj": "proj 8nd²",
-        "core_over_rnn": "core÷RNN", "rnn_steps": "RNN steps", "attn_steps": "attn steps",
-        "flops_note": "The projections (Q, K, V, O: four d×d matrices) are per-token work like "
-                      "the RNN's own matmuls, but all n tokens go through at once. A causal mask "
-                      "needs only the n(n+1)/2 visible scores: 2n(n+1)d, about half the core.",
-        "timing": "Measured (float32, batch 1, d = {d}, median of {r} interleaved repeats "
-                  "after one warm-up)",
-        "timing_note": "RNN loop: h_t = tanh(h_{{t−1}}·W_h + x_t·W_x), a Python loop doing two "
-                       "[1,d]@[d,d] per step; same FLOPs as one matmul: the rows "
-                       "[h_{{t−1}},x_t] stacked into [n,2d] times [2d,d]; causal attention: "
-                       "attention_core, 1 head, head_dim = d.",
-        "loop": "RNN loop", "matmul": "1 matmul", "attention": "attention",
-        "loop_over_mm": "loop÷matmul", "attn_over_loop": "attn÷loop", "spread": "spread",
-        "rates": "GFLOP/s (attention: 2n(n+1)d FLOPs)",
-        "unsteady_after": "~ rows still unsteady after {s} of re-measuring",
-        "unsteady_no_time": "~ rows unsteady (one more measurement would not have fitted in "
-                            "the {b} re-measuring budget)",
-        "unsteady_why": ": their repeats disagreed by more than {lim} (slowest ÷ fastest), or "
-                        "this demo's threads waited for a CPU for more than {w} of the "
-                        "measured time. Their orderings may not hold.",
-        "busy": "The machine was busy while measuring: repeats varied by up to {x}×{wait}; "
-                "orderings marked ~ may not hold, and none is read from them below.",
-        "busy_wait": ", and this demo's threads waited for a CPU for {w} of the measured "
-                     "time (summed over threads)",
-        "speed_changed": "The machine's speed changed mid-demo: a {n}×{n} float32 matmul ran "
-                         "at {a}FLOP/s at the start and {b}FLOP/s at the end.",
-        "same_check": "The one matmul's hidden states differ from the loop's by at most {err} "
-                      "(the same arithmetic, float32 rounding). But it needs every h_{{t−1}} "
-                      "first, which is exactly what an RNN cannot have.",
-        "obs_flops": "FLOPs: per token the RNN needs 4d² and the attention core 4nd, so "
-                     "the core does n/d times the RNN's work: {r_lo}× at n = {n_lo}, {r_hi}× "
-                     "at n = {n_hi} (d = {d}); below n = d the core is the cheaper one. But at "
-                     "n = {n_hi} the RNN takes {n_hi} steps in a row, attention 1.",
-        "obs_loop_slower": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
-                           "the same FLOPs as one matmul took {t_mm}. Step by step was {x:.1f}× "
-                           "slower ({g_loop} vs {g_mm} GFLOP/s): a [1,d]@[d,d] step is too "
-                           "small to keep the hardware busy.",
-        "obs_loop_faster": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
-                           "the same FLOPs as one matmul took {t_mm}. On this machine step by "
-                           "step was {x:.1f}× faster ({g_loop} vs {g_mm} GFLOP/s).",
-        "obs_loop_same": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
-                         "the same FLOPs as one matmul took {t_mm}. On this machine the two "
-                         "took about as long ({g_loop} vs {g_mm} GFLOP/s).",
-        "obs_attn": "At n = {n} causal attention needs {k:.1f}× the RNN's FLOPs (its "
-                    "n(n+1)/2 visible scores) and took {t_att}, against {t_loop} for the RNN "
-                    "loop: ",
-        "attn_faster": "{x:.1f}× faster, because its scores come out of a few big matmuls.",
-        "attn_same": "about as long.",
-        "attn_same_per_flop": "about as long, so per FLOP attention ran {g:.1f}× faster.",
-        "attn_cheaper": "{x:.1f}× as long, but per FLOP it ran {g:.1f}× faster, because its "
-                        "scores come out of a few big matmuls.",
-        "attn_slower": "{x:.1f}× as long: on this machine the extra work was not paid back by "
-                       "parallelism.",
-        "obs_loop_unknown": "At n = {n} the step-by-step RNN took {t_loop} and the same FLOPs "
-                            "as one matmul {t_mm}, but this row's repeats were unsteady "
-                            "(marked ~): which is faster could not be determined here.",
-        "attn_unknown": "this row's repeats were unsteady (marked ~), so which is faster could "
-                        "not be determined here.",
-        "obs_training": "In training the whole sequence is known, so every position can be "
-                        "computed at once: attention and the projections are a few large "
-                        "matmuls that keep every core busy. An RNN cannot do that: h_t waits for "
-                        "h_{{t−1}}, so n = {n} means {n} dependent small steps however much "
-                        "hardware there is. A GPU has far more parallel units than this CPU and "
-                        "a [1,d] step leaves most of them idle, so there the gap is wider "
-                        "still. That is why attention won, even where it does more FLOPs.",
-        "obs_decode": "Generation brings the sequence back: token t+1 must exist before t+2 "
-                      "can be computed, so decoding handles one token per step, a [1,d] vector "
-                      "times every weight matrix, just like the RNN step. Each float32 weight "
-                      "({b} bytes) is read from memory for 2 FLOPs: {kib} KiB read for {f} "
-                      "FLOPs per step, only {i:g} FLOP/byte, against {i_mm:.0f} FLOP/byte for "
-                      "the one matmul over n = {n} positions. Memory bandwidth, not arithmetic, "
-                      "sets the pace: decode is memory-bound, which is why servers batch many "
-                      "requests into each step.",
-    },
-}
 
 
 # ---------------------------------------------------------------- counting
@@ -481,6 +341,150 @@ def figures(result, lang="zh"):
     label_axis(ax_t.yaxis, "seconds")
     fig.suptitle(t["title"].format(d=d))
     return {"flops_time": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "flops": "FLOPs（d = {d}）：RNN 每个 token 4d²，注意力核心每个 token 4nd",
+        "n": "n", "rnn": "RNN 4nd²", "core": "核心 4n²d", "proj": "投影 8nd²",
+        "core_over_rnn": "核心÷RNN", "rnn_steps": "RNN 步数", "attn_steps": "注意力步数",
+        "flops_note": "投影（Q、K、V、O 四个 d×d 矩阵）和 RNN 自己的矩阵乘一样按 token 计算，"
+                      "但 n 个 token 可以一次算完。因果掩码只需要 n(n+1)/2 个看得见的打分："
+                      "2n(n+1)d，约为核心的一半。",
+        "timing": "实测时间（float32，batch 1，d = {d}，预热一次后轮流测 {r} 次，取中位数）",
+        "timing_note": "RNN 逐步：h_t = tanh(h_{{t−1}}·W_h + x_t·W_x)，Python 循环，每步两个 "
+                       "[1,d]@[d,d]；同样的 FLOPs 一次算：[h_{{t−1}},x_t] 拼成 [n,2d]，"
+                       "乘 [2d,d]；因果注意力：attention_core，1 个头，head_dim = d。",
+        "loop": "RNN 逐步", "matmul": "一次矩阵乘", "attention": "注意力",
+        "loop_over_mm": "逐步÷矩阵乘", "attn_over_loop": "注意力÷逐步", "spread": "波动",
+        "rates": "GFLOP/s（注意力按 2n(n+1)d 计）",
+        "unsteady_after": "~ 重测 {s} 后，这些行仍不稳定",
+        "unsteady_no_time": "~ 这些行不稳定（再测一次会超出 {b} 的重测时间预算）",
+        "unsteady_why": "：重复测量的最慢÷最快超过 {lim}，或者本演示的线程等 CPU 的时间超过"
+                        "测量时间的 {w}。这些行的快慢顺序可能不成立。",
+        "busy": "测量时机器很忙：重复测量的结果相差最多 {x} 倍{wait}；标 ~ 的行，"
+                "快慢顺序可能不成立，下面不据此下结论。",
+        "busy_wait": "，本演示的线程等 CPU 的时间是测量时间的 {w}（各线程相加）",
+        "speed_changed": "机器的速度在演示中途变了：{n}×{n} 的 float32 矩阵乘开始时 "
+                         "{a}FLOP/s，结束时 {b}FLOP/s。",
+        "same_check": "一次矩阵乘算出的隐状态与逐步循环最多差 {err}（同样的算术，只差 "
+                      "float32 舍入）。但它要先知道所有 h_{{t−1}}，而 RNN 恰恰做不到。",
+        "obs_flops": "FLOPs：每个 token，RNN 要 4d²，注意力核心要 4nd，所以核心的计算量是 "
+                     "RNN 的 n/d 倍：n = {n_lo} 时 {r_lo} 倍，n = {n_hi} 时 {r_hi} 倍"
+                     "（d = {d}）。n < d 时注意力核心反而更省。但在 n = {n_hi} 时，RNN 要连续走 "
+                     "{n_hi} 步，注意力只要 1 步。",
+        "obs_loop_slower": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
+                           "一次矩阵乘只要 {t_mm}：逐步慢了 {x:.1f} 倍"
+                           "（{g_loop} 对 {g_mm} GFLOP/s）。每步 [1,d]@[d,d] 太小，喂不饱硬件。",
+        "obs_loop_faster": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
+                           "一次矩阵乘用了 {t_mm}：这台机器上逐步反而快 {x:.1f} 倍"
+                           "（{g_loop} 对 {g_mm} GFLOP/s）。",
+        "obs_loop_same": "n = {n} 时，逐步的 RNN 用了 {t_loop}（每步 {t_step}），同样的 FLOPs "
+                         "一次矩阵乘用了 {t_mm}：这台机器上两者差不多"
+                         "（{g_loop} 对 {g_mm} GFLOP/s）。",
+        "obs_attn": "n = {n} 时，因果注意力需要的 FLOPs（n(n+1)/2 个看得见的打分）是 RNN 的 "
+                    "{k:.1f} 倍，用时 {t_att}，逐步的 RNN 用时 {t_loop}：",
+        "attn_faster": "注意力快了 {x:.1f} 倍，因为它的打分都在几次大矩阵乘里算完。",
+        "attn_same": "两者差不多。",
+        "attn_same_per_flop": "两者差不多，所以每个 FLOP 注意力快了 {g:.1f} 倍。",
+        "attn_cheaper": "注意力用时是 RNN 的 {x:.1f} 倍，但每个 FLOP 快了 {g:.1f} 倍，"
+                        "因为它的打分都在几次大矩阵乘里算完。",
+        "attn_slower": "注意力用时是 RNN 的 {x:.1f} 倍：这台机器上，多出来的计算没有被并行赚回来。",
+        "obs_loop_unknown": "n = {n} 时，逐步的 RNN 用了 {t_loop}，同样的 FLOPs 一次矩阵乘用了 "
+                            "{t_mm}；但这一行的测量不稳定（标 ~），这里无法判断哪个更快。",
+        "attn_unknown": "这一行的测量不稳定（标 ~），这里无法判断哪个更快。",
+        "obs_training": "训练时整段序列都已知，所有位置可以同时算。注意力和投影都是几次"
+                        "大矩阵乘，能把所有核都用上。RNN 做不到：h_t 要等 h_{{t−1}}，"
+                        "n = {n} 就是 {n} 个前后依赖的小步，硬件再多也帮不上。GPU "
+                        "的并行单元比这台 CPU 多得多，一个 [1,d] 的小步让大部分单元闲着，"
+                        "差距只会更大。所以即使计算量更大，能并行的注意力还是胜出了。",
+        "obs_decode": "生成时顺序又回来了：第 t+1 个 token 出来之前没法算第 t+2 个，"
+                      "所以解码每步只处理一个 token，和上面的 RNN 一样，是 [1,d] "
+                      "向量乘以每个权重矩阵。每个 float32 权重（{b} 字节）从内存读进来只做 "
+                      "2 次 FLOP：每步读 {kib} KiB 权重、做 {f} FLOPs，只有 {i:g} FLOP/字节；"
+                      "而一次算 n = {n} 个位置的矩阵乘有 {i_mm:.0f} FLOP/字节。"
+                      "解码的速度由内存带宽决定，而不是算力：它是内存受限的。"
+                      "所以推理服务要把很多请求拼成一批，一起解码。",
+    },
+    "en": {
+        "flops": "FLOPs (d = {d}): the RNN does 4d² per token, attention's core 4nd",
+        "n": "n", "rnn": "RNN 4nd²", "core": "core 4n²d", "proj": "proj 8nd²",
+        "core_over_rnn": "core÷RNN", "rnn_steps": "RNN steps", "attn_steps": "attn steps",
+        "flops_note": "The projections (Q, K, V, O: four d×d matrices) are per-token work like "
+                      "the RNN's own matmuls, but all n tokens go through at once. A causal mask "
+                      "needs only the n(n+1)/2 visible scores: 2n(n+1)d, about half the core.",
+        "timing": "Measured (float32, batch 1, d = {d}, median of {r} interleaved repeats "
+                  "after one warm-up)",
+        "timing_note": "RNN loop: h_t = tanh(h_{{t−1}}·W_h + x_t·W_x), a Python loop doing two "
+                       "[1,d]@[d,d] per step; same FLOPs as one matmul: the rows "
+                       "[h_{{t−1}},x_t] stacked into [n,2d] times [2d,d]; causal attention: "
+                       "attention_core, 1 head, head_dim = d.",
+        "loop": "RNN loop", "matmul": "1 matmul", "attention": "attention",
+        "loop_over_mm": "loop÷matmul", "attn_over_loop": "attn÷loop", "spread": "spread",
+        "rates": "GFLOP/s (attention: 2n(n+1)d FLOPs)",
+        "unsteady_after": "~ rows still unsteady after {s} of re-measuring",
+        "unsteady_no_time": "~ rows unsteady (one more measurement would not have fitted in "
+                            "the {b} re-measuring budget)",
+        "unsteady_why": ": their repeats disagreed by more than {lim} (slowest ÷ fastest), or "
+                        "this demo's threads waited for a CPU for more than {w} of the "
+                        "measured time. Their orderings may not hold.",
+        "busy": "The machine was busy while measuring: repeats varied by up to {x}×{wait}; "
+                "orderings marked ~ may not hold, and none is read from them below.",
+        "busy_wait": ", and this demo's threads waited for a CPU for {w} of the measured "
+                     "time (summed over threads)",
+        "speed_changed": "The machine's speed changed mid-demo: a {n}×{n} float32 matmul ran "
+                         "at {a}FLOP/s at the start and {b}FLOP/s at the end.",
+        "same_check": "The one matmul's hidden states differ from the loop's by at most {err} "
+                      "(the same arithmetic, float32 rounding). But it needs every h_{{t−1}} "
+                      "first, which is exactly what an RNN cannot have.",
+        "obs_flops": "FLOPs: per token the RNN needs 4d² and the attention core 4nd, so "
+                     "the core does n/d times the RNN's work: {r_lo}× at n = {n_lo}, {r_hi}× "
+                     "at n = {n_hi} (d = {d}); below n = d the core is the cheaper one. But at "
+                     "n = {n_hi} the RNN takes {n_hi} steps in a row, attention 1.",
+        "obs_loop_slower": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
+                           "the same FLOPs as one matmul took {t_mm}. Step by step was {x:.1f}× "
+                           "slower ({g_loop} vs {g_mm} GFLOP/s): a [1,d]@[d,d] step is too "
+                           "small to keep the hardware busy.",
+        "obs_loop_faster": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
+                           "the same FLOPs as one matmul took {t_mm}. On this machine step by "
+                           "step was {x:.1f}× faster ({g_loop} vs {g_mm} GFLOP/s).",
+        "obs_loop_same": "At n = {n} the step-by-step RNN took {t_loop} ({t_step} per step); "
+                         "the same FLOPs as one matmul took {t_mm}. On this machine the two "
+                         "took about as long ({g_loop} vs {g_mm} GFLOP/s).",
+        "obs_attn": "At n = {n} causal attention needs {k:.1f}× the RNN's FLOPs (its "
+                    "n(n+1)/2 visible scores) and took {t_att}, against {t_loop} for the RNN "
+                    "loop: ",
+        "attn_faster": "{x:.1f}× faster, because its scores come out of a few big matmuls.",
+        "attn_same": "about as long.",
+        "attn_same_per_flop": "about as long, so per FLOP attention ran {g:.1f}× faster.",
+        "attn_cheaper": "{x:.1f}× as long, but per FLOP it ran {g:.1f}× faster, because its "
+                        "scores come out of a few big matmuls.",
+        "attn_slower": "{x:.1f}× as long: on this machine the extra work was not paid back by "
+                       "parallelism.",
+        "obs_loop_unknown": "At n = {n} the step-by-step RNN took {t_loop} and the same FLOPs "
+                            "as one matmul {t_mm}, but this row's repeats were unsteady "
+                            "(marked ~): which is faster could not be determined here.",
+        "attn_unknown": "this row's repeats were unsteady (marked ~), so which is faster could "
+                        "not be determined here.",
+        "obs_training": "In training the whole sequence is known, so every position can be "
+                        "computed at once: attention and the projections are a few large "
+                        "matmuls that keep every core busy. An RNN cannot do that: h_t waits for "
+                        "h_{{t−1}}, so n = {n} means {n} dependent small steps however much "
+                        "hardware there is. A GPU has far more parallel units than this CPU and "
+                        "a [1,d] step leaves most of them idle, so there the gap is wider "
+                        "still. That is why attention won, even where it does more FLOPs.",
+        "obs_decode": "Generation brings the sequence back: token t+1 must exist before t+2 "
+                      "can be computed, so decoding handles one token per step, a [1,d] vector "
+                      "times every weight matrix, just like the RNN step. Each float32 weight "
+                      "({b} bytes) is read from memory for 2 FLOPs: {kib} KiB read for {f} "
+                      "FLOPs per step, only {i:g} FLOP/byte, against {i_mm:.0f} FLOP/byte for "
+                      "the one matmul over n = {n} positions. Memory bandwidth, not arithmetic, "
+                      "sets the pace: decode is memory-bound, which is why servers batch many "
+                      "requests into each step.",
+    },
+}
 
 
 if __name__ == "__main__":

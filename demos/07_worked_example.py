@@ -35,116 +35,6 @@ STAGES = (("residual_0", "embed(ids)"), ("ln1", "norm(x, attn_norm)"),
           ("residual_2", "x + ffn"), ("final", "norm(x, final_norm)"))
 
 TITLE = {"zh": "第 8 周的手算例子，逐步追踪", "en": "The week-8 worked example, traced"}
-TEXT = {
-    "zh": {
-        "setup": "教学权重：词表 {vocab}（V = {V}），d = {d}，{H} 个头、每头 {D} 维，"
-                 "{L} 层。提示 A = [{a}]，提示 B = [{b}]，两个提示合成一批。",
-        "shapes": "1. 形状流：两个提示一起跑（B = {B}，T = {T}，d = {d}，V = {V}）",
-        "step": "步骤", "code": "代码", "symbolic": "符号", "shape": "实际形状",
-        "s_ids": "输入 id", "s_tok": "词嵌入", "s_pos": "位置嵌入",
-        "s_embed": "相加 = 残差₀", "s_block": "经过第 1 层", "s_final": "最终归一化",
-        "s_logits": "logits", "s_flat": "训练：展平", "s_targets": "训练：目标",
-        "s_last": "生成：最后一位", "s_next": "生成：argmax",
-        "s_column": "生成：变成一列", "s_append": "生成：拼回去",
-        "loss_line": "训练目标（每个位置的下一个词）：A → {ta}，B → {tb}。"
-                     "交叉熵 = {loss}，transformer_lab.loss 给出 {ref}。",
-        "trace": "2. 提示 A 的最后一行（“{word}”）走过每一步",
-        "stage": "阶段", "dim": "第 {i} 维",
-        "st_residual_0": "残差₀", "st_ln1": "LN1", "st_attn_update": "注意力更新",
-        "st_residual_1": "注意力后残差", "st_ln2": "LN2",
-        "st_ffn_update": "FFN 更新", "st_residual_2": "FFN 后残差",
-        "st_final": "最终归一化",
-        "trace_check": "逐步算出的 logits 与 forward() 的最大差：{diff}",
-        "heads": "3. 最后一个位置的两个头（wq = wk = I，q 和 k 就是 LN1 的输出）",
-        "head_q": "头 {h} 的查询：q = {q}",
-        "head": "头", "key": "键", "k": "k", "score": "分数 q·k/√{D}", "weight": "权重",
-        "heads_check": "手算的权重与 attention_weights 的最大差：{diff}",
-        "next": "4. 下一个词：两个提示的 logits、softmax 概率和 argmax",
-        "word": "词", "logit": "{p} 的 logit", "prob": "{p} 的概率",
-        "argmax_line": "提示 {p}（{prompt}）→ argmax = {word}，logit {logit}，概率 {prob}",
-        "ln": "5. LayerNorm 一步一步：x = {x}，eps = {eps:g}",
-        "ln_step": "步骤", "ln_formula": "公式", "ln_value": "值",
-        "ln_x": "输入", "ln_mean": "均值", "ln_dev": "偏差", "ln_var": "方差",
-        "ln_std": "标准差", "ln_out": "归一化", "ln_ref": "layer_norm(x)",
-        "obs_shapes": "从 embed 到最终归一化，这一批的形状一直是 [B, T, d] = {btd}，"
-                      "只有 lm_head 把最后一维换成 V = {V}。训练时把 logits 展平成 {flat}，"
-                      "对上 {n} 个目标，交叉熵 {loss}；生成时只取最后一位 {last}，"
-                      "argmax 变成 {column} 的一列拼回去，得到 {appended}。",
-        "obs_trace": "按 embed → norm → attention → norm → mlp → norm → lm_head "
-                     "的顺序逐个调用（每个更新都加回残差），得到的 logits 与 forward() 完全一致"
-                     "（最大差 {diff}）：forward 里没有别的步骤。",
-        "obs_sizes": "在最后一位上，注意力更新的长度是 {attn}，FFN 更新只有 {ffn}，"
-                     "因为教学权重的 w_down 只把 GELU 输出的 {f} 倍送回残差。",
-        "obs_heads": "头 1 给“{w0}”的分数是 {s0}，给“{w1}”的是 {s1}，softmax 后"
-                     "权重为 {a0} 和 {a1}；头 2 更尖锐：{b0} 和 {b1}。"
-                     "两个头都主要看“{w1}”自己。",
-        "obs_next": "提示 A 的 argmax 是“{wa}”（logit {la}，概率 {pa}）；提示 B "
-                    "也是“{wb}”，概率 {pb}。第 1 个词只能通过注意力影响第 2 个位置，"
-                    "而在 A 里两个头分给它的权重只有 {ha} 和 {hb}。所以从 A 换到 B，"
-                    "只是概率变了，argmax 没变。",
-        "obs_ln": "x = {x}：均值 {mean}，方差 {var}，标准差 √(方差 + eps) = {std}"
-                  "（不加 eps 是 {std0}），归一化后是 {out}，"
-                  "与 layer_norm 的最大差 {diff}。",
-    },
-    "en": {
-        "setup": "Teaching weights: vocabulary {vocab} (V = {V}), d = {d}, {H} heads of "
-                 "size {D}, {L} layer. Prompt A = [{a}], prompt B = [{b}], run as one "
-                 "batch.",
-        "shapes": "1. The shape flow, both prompts at once (B = {B}, T = {T}, d = {d}, "
-                  "V = {V})",
-        "step": "step", "code": "code", "symbolic": "symbolic", "shape": "actual shape",
-        "s_ids": "input ids", "s_tok": "token embedding", "s_pos": "position embedding",
-        "s_embed": "sum = residual_0", "s_block": "after layer 1", "s_final": "final norm",
-        "s_logits": "logits", "s_flat": "training: flatten",
-        "s_targets": "training: targets", "s_last": "generation: last",
-        "s_next": "generation: argmax", "s_column": "generation: column",
-        "s_append": "generation: append",
-        "loss_line": "Training targets (the next word at each position): A → {ta}, "
-                     "B → {tb}. Cross-entropy = {loss}; transformer_lab.loss gives {ref}.",
-        "trace": "2. Prompt A's last row (\"{word}\") through every stage",
-        "stage": "stage", "dim": "dim {i}",
-        "st_residual_0": "residual_0", "st_ln1": "LN1", "st_attn_update": "attention update",
-        "st_residual_1": "resid. after attn", "st_ln2": "LN2",
-        "st_ffn_update": "FFN update", "st_residual_2": "resid. after FFN",
-        "st_final": "final norm",
-        "trace_check": "Largest difference between the traced logits and forward()'s: {diff}",
-        "heads": "3. The two heads at the last position (wq = wk = I: q, k = LN1 output)",
-        "head_q": "head {h}'s query: q = {q}",
-        "head": "head", "key": "key", "k": "k", "score": "score q·k/√{D}",
-        "weight": "weight",
-        "heads_check": "Largest difference from attention_weights: {diff}",
-        "next": "4. The next word: logits, softmax probabilities and argmax",
-        "word": "word", "logit": "logit {p}", "prob": "p {p}",
-        "argmax_line": "prompt {p} ({prompt}) → argmax = {word}, logit {logit}, p {prob}",
-        "ln": "5. LayerNorm step by step: x = {x}, eps = {eps:g}",
-        "ln_step": "step", "ln_formula": "formula", "ln_value": "value",
-        "ln_x": "input", "ln_mean": "mean", "ln_dev": "deviations", "ln_var": "variance",
-        "ln_std": "std", "ln_out": "normalised", "ln_ref": "layer_norm(x)",
-        "obs_shapes": "From embed to the final norm the batch stays [B, T, d] = {btd}; only "
-                      "lm_head turns the last axis into V = {V}. Training flattens the "
-                      "logits to {flat} against {n} targets (cross-entropy {loss}); "
-                      "generation keeps only the last position {last} and appends the "
-                      "argmax as a {column} column, giving {appended}.",
-        "obs_trace": "Calling embed → norm → attention → norm → mlp → norm → lm_head one "
-                     "by one, adding each update to the residual, reproduces forward()'s "
-                     "logits exactly (largest difference "
-                     "{diff}): forward holds no other step.",
-        "obs_sizes": "At the last position the attention update has length {attn}, the FFN "
-                     "update only {ffn}: the teaching w_down multiplies the GELU output by "
-                     "{f} before it goes back into the residual.",
-        "obs_heads": "Head 1 scores \"{w0}\" {s0} and \"{w1}\" {s1}, so softmax gives weights "
-                     "{a0} and {a1}; head 2 is sharper, {b0} and {b1}. Both heads look "
-                     "mostly at \"{w1}\" itself.",
-        "obs_next": "Prompt A's argmax is \"{wa}\" (logit {la}, p {pa}); prompt B's is also "
-                    "\"{wb}\", p {pb}. The first word reaches the second position only "
-                    "through attention, and in A the two heads give it just {ha} and {hb} "
-                    "of their weight, so swapping \"{f0}\" for \"{f1}\" moves the "
-                    "probabilities but not the argmax.",
-        "obs_ln": "x = {x}: mean {mean}, variance {var}, std √(variance + eps) = {std} "
-                  "({std0} without eps); normalised {out}, the same as layer_norm "
-                  "(largest difference {diff}).",
-    },
-}
 
 
 def _ids(words):
@@ -379,6 +269,120 @@ def render(result, lang="zh"):
                            std=f"{ln['std']:.6f}", std0=f"{ln['std_without_eps']:.6f}",
                            out=_vec(ln["normalised"], 3), diff=_diff(ln["max_diff"])),
     ])
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "教学权重：词表 {vocab}（V = {V}），d = {d}，{H} 个头、每头 {D} 维，"
+                 "{L} 层。提示 A = [{a}]，提示 B = [{b}]，两个提示合成一批。",
+        "shapes": "1. 形状流：两个提示一起跑（B = {B}，T = {T}，d = {d}，V = {V}）",
+        "step": "步骤", "code": "代码", "symbolic": "符号", "shape": "实际形状",
+        "s_ids": "输入 id", "s_tok": "词嵌入", "s_pos": "位置嵌入",
+        "s_embed": "相加 = 残差₀", "s_block": "经过第 1 层", "s_final": "最终归一化",
+        "s_logits": "logits", "s_flat": "训练：展平", "s_targets": "训练：目标",
+        "s_last": "生成：最后一位", "s_next": "生成：argmax",
+        "s_column": "生成：变成一列", "s_append": "生成：拼回去",
+        "loss_line": "训练目标（每个位置的下一个词）：A → {ta}，B → {tb}。"
+                     "交叉熵 = {loss}，transformer_lab.loss 给出 {ref}。",
+        "trace": "2. 提示 A 的最后一行（“{word}”）走过每一步",
+        "stage": "阶段", "dim": "第 {i} 维",
+        "st_residual_0": "残差₀", "st_ln1": "LN1", "st_attn_update": "注意力更新",
+        "st_residual_1": "注意力后残差", "st_ln2": "LN2",
+        "st_ffn_update": "FFN 更新", "st_residual_2": "FFN 后残差",
+        "st_final": "最终归一化",
+        "trace_check": "逐步算出的 logits 与 forward() 的最大差：{diff}",
+        "heads": "3. 最后一个位置的两个头（wq = wk = I，q 和 k 就是 LN1 的输出）",
+        "head_q": "头 {h} 的查询：q = {q}",
+        "head": "头", "key": "键", "k": "k", "score": "分数 q·k/√{D}", "weight": "权重",
+        "heads_check": "手算的权重与 attention_weights 的最大差：{diff}",
+        "next": "4. 下一个词：两个提示的 logits、softmax 概率和 argmax",
+        "word": "词", "logit": "{p} 的 logit", "prob": "{p} 的概率",
+        "argmax_line": "提示 {p}（{prompt}）→ argmax = {word}，logit {logit}，概率 {prob}",
+        "ln": "5. LayerNorm 一步一步：x = {x}，eps = {eps:g}",
+        "ln_step": "步骤", "ln_formula": "公式", "ln_value": "值",
+        "ln_x": "输入", "ln_mean": "均值", "ln_dev": "偏差", "ln_var": "方差",
+        "ln_std": "标准差", "ln_out": "归一化", "ln_ref": "layer_norm(x)",
+        "obs_shapes": "从 embed 到最终归一化，这一批的形状一直是 [B, T, d] = {btd}，"
+                      "只有 lm_head 把最后一维换成 V = {V}。训练时把 logits 展平成 {flat}，"
+                      "对上 {n} 个目标，交叉熵 {loss}；生成时只取最后一位 {last}，"
+                      "argmax 变成 {column} 的一列拼回去，得到 {appended}。",
+        "obs_trace": "按 embed → norm → attention → norm → mlp → norm → lm_head "
+                     "的顺序逐个调用（每个更新都加回残差），得到的 logits 与 forward() 完全一致"
+                     "（最大差 {diff}）：forward 里没有别的步骤。",
+        "obs_sizes": "在最后一位上，注意力更新的长度是 {attn}，FFN 更新只有 {ffn}，"
+                     "因为教学权重的 w_down 只把 GELU 输出的 {f} 倍送回残差。",
+        "obs_heads": "头 1 给“{w0}”的分数是 {s0}，给“{w1}”的是 {s1}，softmax 后"
+                     "权重为 {a0} 和 {a1}；头 2 更尖锐：{b0} 和 {b1}。"
+                     "两个头都主要看“{w1}”自己。",
+        "obs_next": "提示 A 的 argmax 是“{wa}”（logit {la}，概率 {pa}）；提示 B "
+                    "也是“{wb}”，概率 {pb}。第 1 个词只能通过注意力影响第 2 个位置，"
+                    "而在 A 里两个头分给它的权重只有 {ha} 和 {hb}。所以从 A 换到 B，"
+                    "只是概率变了，argmax 没变。",
+        "obs_ln": "x = {x}：均值 {mean}，方差 {var}，标准差 √(方差 + eps) = {std}"
+                  "（不加 eps 是 {std0}），归一化后是 {out}，"
+                  "与 layer_norm 的最大差 {diff}。",
+    },
+    "en": {
+        "setup": "Teaching weights: vocabulary {vocab} (V = {V}), d = {d}, {H} heads of "
+                 "size {D}, {L} layer. Prompt A = [{a}], prompt B = [{b}], run as one "
+                 "batch.",
+        "shapes": "1. The shape flow, both prompts at once (B = {B}, T = {T}, d = {d}, "
+                  "V = {V})",
+        "step": "step", "code": "code", "symbolic": "symbolic", "shape": "actual shape",
+        "s_ids": "input ids", "s_tok": "token embedding", "s_pos": "position embedding",
+        "s_embed": "sum = residual_0", "s_block": "after layer 1", "s_final": "final norm",
+        "s_logits": "logits", "s_flat": "training: flatten",
+        "s_targets": "training: targets", "s_last": "generation: last",
+        "s_next": "generation: argmax", "s_column": "generation: column",
+        "s_append": "generation: append",
+        "loss_line": "Training targets (the next word at each position): A → {ta}, "
+                     "B → {tb}. Cross-entropy = {loss}; transformer_lab.loss gives {ref}.",
+        "trace": "2. Prompt A's last row (\"{word}\") through every stage",
+        "stage": "stage", "dim": "dim {i}",
+        "st_residual_0": "residual_0", "st_ln1": "LN1", "st_attn_update": "attention update",
+        "st_residual_1": "resid. after attn", "st_ln2": "LN2",
+        "st_ffn_update": "FFN update", "st_residual_2": "resid. after FFN",
+        "st_final": "final norm",
+        "trace_check": "Largest difference between the traced logits and forward()'s: {diff}",
+        "heads": "3. The two heads at the last position (wq = wk = I: q, k = LN1 output)",
+        "head_q": "head {h}'s query: q = {q}",
+        "head": "head", "key": "key", "k": "k", "score": "score q·k/√{D}",
+        "weight": "weight",
+        "heads_check": "Largest difference from attention_weights: {diff}",
+        "next": "4. The next word: logits, softmax probabilities and argmax",
+        "word": "word", "logit": "logit {p}", "prob": "p {p}",
+        "argmax_line": "prompt {p} ({prompt}) → argmax = {word}, logit {logit}, p {prob}",
+        "ln": "5. LayerNorm step by step: x = {x}, eps = {eps:g}",
+        "ln_step": "step", "ln_formula": "formula", "ln_value": "value",
+        "ln_x": "input", "ln_mean": "mean", "ln_dev": "deviations", "ln_var": "variance",
+        "ln_std": "std", "ln_out": "normalised", "ln_ref": "layer_norm(x)",
+        "obs_shapes": "From embed to the final norm the batch stays [B, T, d] = {btd}; only "
+                      "lm_head turns the last axis into V = {V}. Training flattens the "
+                      "logits to {flat} against {n} targets (cross-entropy {loss}); "
+                      "generation keeps only the last position {last} and appends the "
+                      "argmax as a {column} column, giving {appended}.",
+        "obs_trace": "Calling embed → norm → attention → norm → mlp → norm → lm_head one "
+                     "by one, adding each update to the residual, reproduces forward()'s "
+                     "logits exactly (largest difference "
+                     "{diff}): forward holds no other step.",
+        "obs_sizes": "At the last position the attention update has length {attn}, the FFN "
+                     "update only {ffn}: the teaching w_down multiplies the GELU output by "
+                     "{f} before it goes back into the residual.",
+        "obs_heads": "Head 1 scores \"{w0}\" {s0} and \"{w1}\" {s1}, so softmax gives weights "
+                     "{a0} and {a1}; head 2 is sharper, {b0} and {b1}. Both heads look "
+                     "mostly at \"{w1}\" itself.",
+        "obs_next": "Prompt A's argmax is \"{wa}\" (logit {la}, p {pa}); prompt B's is also "
+                    "\"{wb}\", p {pb}. The first word reaches the second position only "
+                    "through attention, and in A the two heads give it just {ha} and {hb} "
+                    "of their weight, so swapping \"{f0}\" for \"{f1}\" moves the "
+                    "probabilities but not the argmax.",
+        "obs_ln": "x = {x}: mean {mean}, variance {var}, std √(variance + eps) = {std} "
+                  "({std0} without eps); normalised {out}, the same as layer_norm "
+                  "(largest difference {diff}).",
+    },
+}
 
 
 if __name__ == "__main__":

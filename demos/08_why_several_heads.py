@@ -33,83 +33,6 @@ FAR = 0.1  # an output farther than this from (v_a + v_b) / 2 counts as off
 SHOWN = 8  # case-2 samples listed one by one
 
 TITLE = {"zh": "为什么要多个头", "en": "Why several heads"}
-TEXT = {
-    "zh": {
-        "section_setup": "1. 设定",
-        "setup": "键 k_i ~ N(μ_i, Σ_i)，均值 μ_i 两两正交、长度为 1；值 v_i 固定"
-                 "（独热向量 e_i）。目标是 (v_a + v_b)/2，a = 键 {a}，b = 键 {b}。",
-        "param": "参数", "value": "值", "meaning": "含义",
-        "p_n": "键的个数", "p_d": "向量维数", "p_lam": "查询的尖锐程度",
-        "p_alpha": "Σ_i = αI 的噪声", "p_len": "情形 2：键 a 的长度会变",
-        "p_samples": "采样次数（一次批量算完）", "p_seed": "随机种子",
-        "designs": "单头：q = λ(μ_a + μ_b)。两个头：q₁ = λμ_a，q₂ = λμ_b，输出取平均。"
-                   "分数是 q·k（不除以 √d，λ 就是尺度）。",
-        "results": "2. {samples} 次采样的结果",
-        "case": "情形", "design": "设计", "w_mean": "w_a 均值", "w_std": "w_a 标准差",
-        "dist": "δ 均值", "var": "输出方差", "far": "P(δ > {far:g})",
-        "case1": "1", "case2": "2", "single": "单头", "two": "两个头",
-        "legend": "情形 1：Σ_i = αI；情形 2：Σ_a = αI + {lv:g}·μ_a μ_aᵀ。w_a = 键 a 的权重"
-                  "（两个头时取两头平均）；δ = ‖输出 − (v_a + v_b)/2‖ 是离目标的距离；"
-                  "输出方差 = ‖输出 − 平均输出‖² 的均值。",
-        "samples": "3. 情形 2 的前 {k} 次采样：γ = k_a·μ_a 是键 a 在自己方向上的长度",
-        "i": "#", "gamma": "γ", "w_single": "单头 w_a", "w_head1": "头 1 的 w_a",
-        "w_two": "两个头 w_a",
-        "obs_case1": "情形 1：两种设计都落在平均值附近，δ 均值是 {d1}（单头）和 {d2}（两个头）。"
-                     "键 a 和 b 的分数都约等于 λ = {lam:g}，两者之差的标准差只有 {gap}，"
-                     "所以一个 softmax 也能对半分：w_a = {w} ± {s}。",
-        "obs_case2": "情形 2：γ 的标准差变成 {gstd}（理论值 √{lv:g} = {gth}），单头里 a "
-                     "与 b 的分数差，标准差也变成了 {gap}。一个 softmax 要同时照顾 a 和 "
-                     "b，分数差一大就只能倒向一边。于是 w_a 的均值虽是 {w}，标准差却有 "
-                     "{s}，有 {far} 的样本 δ > {thr:g}。平均输出离目标只有 {mean_dist}，"
-                     "可单看每一次，输出几乎都偏了。",
-        "obs_two": "两个头各自只挑一个键：头 1 只拿 k_a 和分数约为 0 的其余键比，γ 大一点"
-                   "小一点都还是选 a。w_a 的标准差只有 {s}，输出方差 {v2}，"
-                   "单头是 {v1}，大了 {ratio} 倍。",
-        "obs_tail": "两个头也不是完美的：有 {far} 的样本 δ > {thr:g}，它们的 γ 都不超过 "
-                    "{gmax}。键 a 缩得太短（或反了向），头 1 给它的分数 λγ 最多 {score}，"
-                    "对上其余 {rivals} 个分数约为 0 的键，就不再稳稳地选中 a。",
-    },
-    "en": {
-        "section_setup": "1. The setting",
-        "setup": "Keys k_i ~ N(μ_i, Σ_i) with orthonormal means μ_i; fixed values v_i "
-                 "(one-hot e_i). The goal is (v_a + v_b)/2, a = key {a}, b = key {b}.",
-        "param": "parameter", "value": "value", "meaning": "meaning",
-        "p_n": "number of keys", "p_d": "dimension", "p_lam": "how sharply a query points",
-        "p_alpha": "noise Σ_i = αI", "p_len": "case 2: key a's length varies",
-        "p_samples": "samples (one batch)", "p_seed": "random seed",
-        "designs": "Single head: q = λ(μ_a + μ_b). Two heads: q₁ = λμ_a, q₂ = λμ_b, "
-                   "outputs averaged. Scores are q·k (no 1/√d: λ is the scale).",
-        "results": "2. Over {samples} samples",
-        "case": "case", "design": "design", "w_mean": "w_a mean", "w_std": "w_a std",
-        "dist": "mean δ", "var": "output var", "far": "P(δ > {far:g})",
-        "case1": "1", "case2": "2", "single": "single", "two": "two heads",
-        "legend": "Case 1: Σ_i = αI; case 2: Σ_a = αI + {lv:g}·μ_a μ_aᵀ. w_a = weight on "
-                  "key a (two heads: the mean over both); δ = ‖output − (v_a + v_b)/2‖, the "
-                  "distance from the goal; "
-                  "output var = mean of ‖output − mean output‖².",
-        "samples": "3. The first {k} samples of case 2: γ = k_a·μ_a is key a's length "
-                   "along μ_a",
-        "i": "#", "gamma": "γ", "w_single": "single w_a", "w_head1": "head 1 w_a",
-        "w_two": "two heads w_a",
-        "obs_case1": "Case 1: both designs land on the average, mean δ {d1} (single) and "
-                     "{d2} (two heads). The scores of a and b are both ≈ λ = {lam:g} and their gap has "
-                     "a std of only {gap}, so even one softmax splits evenly: w_a = {w} ± "
-                     "{s}.",
-        "obs_case2": "Case 2: γ now has std {gstd} (in theory √{lv:g} = {gth}), and the "
-                     "single head's score gap between a and b has std {gap}. One softmax has to balance two keys, and once "
-                     "their scores differ by that much it tips to one side: w_a has mean "
-                     "{w} but std {s}, and {far} of the samples have δ > {thr:g}. Its mean output is only {mean_dist} from the "
-                     "target, yet almost every single output is wrong.",
-        "obs_two": "Two heads each pick one key: head 1 compares k_a only with keys that "
-                   "score ≈ 0, so a longer or shorter k_a still wins. w_a has std only {s}; "
-                   "the output variance is {v2} against the single head's {v1}, which is "
-                   "{ratio}× larger.",
-        "obs_tail": "Two heads are not perfect: {far} of the samples have δ > {thr:g}, and "
-                    "all of them have γ ≤ {gmax}. Key a has shrunk (or flipped) so far that "
-                    "head 1's score for it, λγ, is at most {score} against {rivals} other "
-                    "keys scoring ≈ 0, and head 1 no longer picks a cleanly.",
-    },
-}
 
 
 def sample_keys(rng, means, n_samples, alpha, length_var=0.0, which=A):
@@ -261,6 +184,87 @@ def render(result, lang="zh"):
                              gmax=f"{gmax:.2f}", score=f"{result['lambda'] * gmax:.1f}",
                              rivals=result["n"] - 1),
     ])
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "section_setup": "1. 设定",
+        "setup": "键 k_i ~ N(μ_i, Σ_i)，均值 μ_i 两两正交、长度为 1；值 v_i 固定"
+                 "（独热向量 e_i）。目标是 (v_a + v_b)/2，a = 键 {a}，b = 键 {b}。",
+        "param": "参数", "value": "值", "meaning": "含义",
+        "p_n": "键的个数", "p_d": "向量维数", "p_lam": "查询的尖锐程度",
+        "p_alpha": "Σ_i = αI 的噪声", "p_len": "情形 2：键 a 的长度会变",
+        "p_samples": "采样次数（一次批量算完）", "p_seed": "随机种子",
+        "designs": "单头：q = λ(μ_a + μ_b)。两个头：q₁ = λμ_a，q₂ = λμ_b，输出取平均。"
+                   "分数是 q·k（不除以 √d，λ 就是尺度）。",
+        "results": "2. {samples} 次采样的结果",
+        "case": "情形", "design": "设计", "w_mean": "w_a 均值", "w_std": "w_a 标准差",
+        "dist": "δ 均值", "var": "输出方差", "far": "P(δ > {far:g})",
+        "case1": "1", "case2": "2", "single": "单头", "two": "两个头",
+        "legend": "情形 1：Σ_i = αI；情形 2：Σ_a = αI + {lv:g}·μ_a μ_aᵀ。w_a = 键 a 的权重"
+                  "（两个头时取两头平均）；δ = ‖输出 − (v_a + v_b)/2‖ 是离目标的距离；"
+                  "输出方差 = ‖输出 − 平均输出‖² 的均值。",
+        "samples": "3. 情形 2 的前 {k} 次采样：γ = k_a·μ_a 是键 a 在自己方向上的长度",
+        "i": "#", "gamma": "γ", "w_single": "单头 w_a", "w_head1": "头 1 的 w_a",
+        "w_two": "两个头 w_a",
+        "obs_case1": "情形 1：两种设计都落在平均值附近，δ 均值是 {d1}（单头）和 {d2}（两个头）。"
+                     "键 a 和 b 的分数都约等于 λ = {lam:g}，两者之差的标准差只有 {gap}，"
+                     "所以一个 softmax 也能对半分：w_a = {w} ± {s}。",
+        "obs_case2": "情形 2：γ 的标准差变成 {gstd}（理论值 √{lv:g} = {gth}），单头里 a "
+                     "与 b 的分数差，标准差也变成了 {gap}。一个 softmax 要同时照顾 a 和 "
+                     "b，分数差一大就只能倒向一边。于是 w_a 的均值虽是 {w}，标准差却有 "
+                     "{s}，有 {far} 的样本 δ > {thr:g}。平均输出离目标只有 {mean_dist}，"
+                     "可单看每一次，输出几乎都偏了。",
+        "obs_two": "两个头各自只挑一个键：头 1 只拿 k_a 和分数约为 0 的其余键比，γ 大一点"
+                   "小一点都还是选 a。w_a 的标准差只有 {s}，输出方差 {v2}，"
+                   "单头是 {v1}，大了 {ratio} 倍。",
+        "obs_tail": "两个头也不是完美的：有 {far} 的样本 δ > {thr:g}，它们的 γ 都不超过 "
+                    "{gmax}。键 a 缩得太短（或反了向），头 1 给它的分数 λγ 最多 {score}，"
+                    "对上其余 {rivals} 个分数约为 0 的键，就不再稳稳地选中 a。",
+    },
+    "en": {
+        "section_setup": "1. The setting",
+        "setup": "Keys k_i ~ N(μ_i, Σ_i) with orthonormal means μ_i; fixed values v_i "
+                 "(one-hot e_i). The goal is (v_a + v_b)/2, a = key {a}, b = key {b}.",
+        "param": "parameter", "value": "value", "meaning": "meaning",
+        "p_n": "number of keys", "p_d": "dimension", "p_lam": "how sharply a query points",
+        "p_alpha": "noise Σ_i = αI", "p_len": "case 2: key a's length varies",
+        "p_samples": "samples (one batch)", "p_seed": "random seed",
+        "designs": "Single head: q = λ(μ_a + μ_b). Two heads: q₁ = λμ_a, q₂ = λμ_b, "
+                   "outputs averaged. Scores are q·k (no 1/√d: λ is the scale).",
+        "results": "2. Over {samples} samples",
+        "case": "case", "design": "design", "w_mean": "w_a mean", "w_std": "w_a std",
+        "dist": "mean δ", "var": "output var", "far": "P(δ > {far:g})",
+        "case1": "1", "case2": "2", "single": "single", "two": "two heads",
+        "legend": "Case 1: Σ_i = αI; case 2: Σ_a = αI + {lv:g}·μ_a μ_aᵀ. w_a = weight on "
+                  "key a (two heads: the mean over both); δ = ‖output − (v_a + v_b)/2‖, the "
+                  "distance from the goal; "
+                  "output var = mean of ‖output − mean output‖².",
+        "samples": "3. The first {k} samples of case 2: γ = k_a·μ_a is key a's length "
+                   "along μ_a",
+        "i": "#", "gamma": "γ", "w_single": "single w_a", "w_head1": "head 1 w_a",
+        "w_two": "two heads w_a",
+        "obs_case1": "Case 1: both designs land on the average, mean δ {d1} (single) and "
+                     "{d2} (two heads). The scores of a and b are both ≈ λ = {lam:g} and their gap has "
+                     "a std of only {gap}, so even one softmax splits evenly: w_a = {w} ± "
+                     "{s}.",
+        "obs_case2": "Case 2: γ now has std {gstd} (in theory √{lv:g} = {gth}), and the "
+                     "single head's score gap between a and b has std {gap}. One softmax has to balance two keys, and once "
+                     "their scores differ by that much it tips to one side: w_a has mean "
+                     "{w} but std {s}, and {far} of the samples have δ > {thr:g}. Its mean output is only {mean_dist} from the "
+                     "target, yet almost every single output is wrong.",
+        "obs_two": "Two heads each pick one key: head 1 compares k_a only with keys that "
+                   "score ≈ 0, so a longer or shorter k_a still wins. w_a has std only {s}; "
+                   "the output variance is {v2} against the single head's {v1}, which is "
+                   "{ratio}× larger.",
+        "obs_tail": "Two heads are not perfect: {far} of the samples have δ > {thr:g}, and "
+                    "all of them have γ ≤ {gmax}. Key a has shrunk (or flipped) so far that "
+                    "head 1's score for it, λγ, is at most {score} against {rivals} other "
+                    "keys scoring ≈ 0, and head 1 no longer picks a cleanly.",
+    },
+}
 
 
 if __name__ == "__main__":

@@ -322,7 +322,289 @@ def compute(quick=False):
     }
 
 
-# ---------------------------------------------------------------- text (zh and en)
+# ---------------------------------------------------------------- render
+
+def _bytes(n):
+    return fmt_num(n)  # '538 M' + 'B'
+
+
+def _diff(x):
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def _mark(text, steady):
+    """A figure from unsteady timings is marked ~."""
+    return text if steady else text + " ~"
+
+
+def unsteady_rows(dec):
+    """The timings that stayed unsteady: (spread, share of time waited or None) of each."""
+    rows = [r for r in (dec["timing"], dec["prefill"]) if not r["steady"]]
+    return [(r["spread"], r["waited"]) for r in rows]
+
+
+def busy_sentence(result, lang):
+    """One sentence on how disturbed the measuring was, or None on a quiet machine."""
+    t, dec = TEXT[lang], result["decode"]
+    sentences = []
+    rows = unsteady_rows(dec)
+    if rows or not dec["bandwidth_steady"] or not dec["peak_steady"]:
+        waits = [w for _, w in rows if w is not None]
+        wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
+                if waits and max(waits) > WAIT_LIMIT else "")
+        spread = max([x for x, _ in rows], default=1.0)
+        sentences.append(t["busy"].format(x=fmt_ratio(spread), wait=wait))
+    for check in dec["speed_checks"]:
+        if check["changed"]:
+            unit = "B/s" if check["what"] == "bandwidth" else "FLOP/s"
+            sentences.append(t["speed_changed_" + check["what"].split()[-1]].format(
+                a=fmt_num(check["before"]) + unit, b=fmt_num(check["after"]) + unit))
+    return " ".join(sentences) or None
+
+
+def observations(result, lang):
+    """The observation sentences, worded from the computed results and verdicts."""
+    t = TEXT[lang]
+    m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
+    verdict = result["verdicts"]
+    best, win = hd["top"][0], hd["window"]
+    busy = busy_sentence(result, lang)
+    items = [busy] if busy else []
+    items += [
+        t["obs_prev"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.3f}",
+                             k=hd["above_half"], n=m["n_layers"] * m["n_heads"],
+                             med=f"{hd['median']:.3f}", uni=f"{hd['uniform']:.3f}"),
+        t["obs_walk"].format(diff=_diff(hd["record_max_diff"])),
+    ]
+    heat = dict(prev=f"{win['prev_mean']:.2f}", first=f"{win['first_mean']:.2f}",
+                rest=f"{win['rest_mean']:.2f}", first_tok=win["labels"][0])
+    items.append(t["obs_heat_" + verdict["heatmap"]].format(**heat))
+
+    common = dict(k=kv["decode_steps"], diff=_diff(kv["max_logit_diff"]),
+                  m=f"{kv['max_abs_logit']:.1f}")
+    if kv["same"]:
+        items.append(t["obs_kv_same"].format(n=kv["new_tokens"], text=kv["text_cached"].strip(),
+                                             **common))
+    else:
+        items.append(t["obs_kv_differ"].format(at=kv["first_difference"], **common))
+
+    one = _by_batch(dec, 1)
+    measured = one["median_s"]
+    bound = dict(t=fmt_time(measured), r=fmt_ratio(one["tokens_per_s"]),
+                 b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
+                 tm=fmt_time(dec["memory_bound_s"]), f=fmt_num(dec["flops_per_token"]),
+                 pk=fmt_num(dec["peak_flops"]), tc=fmt_time(dec["compute_bound_s"]),
+                 mr=fmt_ratio(measured / dec["memory_bound_s"]),
+                 cr=fmt_ratio(measured / dec["compute_bound_s"]),
+                 i=f"{dec['flops_per_token'] / dec['weight_bytes']:.2f}",
+                 bal=f"{dec['peak_flops'] / dec['bandwidth']:.0f}", isz=m["itemsize"])
+    if verdict["bound"] is None:
+        items.append(t["obs_bound_unknown"].format(**bound))
+    else:
+        items.append(t[{"memory": "obs_bound_mem", "compute": "obs_bound_comp"}[verdict["bound"]]]
+                     .format(**bound)
+                     + t["floor_" + verdict["floor"]])
+
+    S = m["max_seq"]
+    gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
+    items.append(t["obs_gqa"].format(H=m["n_heads"], G=m["n_kv_heads"], kv=_bytes(gqa),
+                                     kv_mha=_bytes(mha), ratio=f"{mha / gqa:g}", S=S,
+                                     c=_bytes(gqa * S), c_mha=_bytes(mha * S),
+                                     w=_bytes(dec["weight_bytes"])))
+
+    big = _by_batch(dec, BATCHES[-1])
+    gain = big["tokens_per_s"] / one["tokens_per_s"]
+    rates = dict(x=f"{gain:.1f}", rB=fmt_ratio(big["tokens_per_s"]), r1=fmt_ratio(one["tokens_per_s"]),
+                 B=big["batch"])
+    if verdict["batch_gain"] is None:
+        items.append(t["obs_batch_unknown"].format(**rates))
+    else:
+        sentence = t["obs_batch_" + verdict["batch_gain"]].format(**rates)
+        arithmetic = big["batch"] * dec["flops_per_token"] / dec["peak_flops"]
+        step = dict(s=f"{big['median_s'] / one['median_s']:.1f}", tc8=fmt_time(arithmetic),
+                    B=big["batch"])
+        if verdict["batch_step"] is not None:
+            sentence += t["batch_step_" + verdict["batch_step"]].format(**step)
+        items.append(sentence)
+
+    pre = dec["prefill"]
+    prefill = dict(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=fmt_ratio(one["tokens_per_s"]),
+                   x=fmt_ratio(pre["tokens_per_s"] / one["tokens_per_s"]))
+    items.append(t["obs_prefill_" + (verdict["prefill"] or "unknown")].format(**prefill))
+    return items
+
+
+def render_missing(result, lang):
+    t = TEXT[lang]
+    if result.get("corrupt_file"):
+        print_text(t["corrupt"])
+        print_text("    " + result["corrupt_file"], style="bold")
+        print_text(t["reinstall"])
+    else:
+        print_text(t["missing"])
+    print_text("    " + result["install"], style="bold")
+    reason = result["reason"].strip().splitlines()[0] if result["reason"].strip() else ""
+    if reason:
+        print_text(t["missing_reason"].format(reason=reason), style="dim")
+    print_text(t["missing_after"])
+
+
+def render(result, lang="zh"):
+    if not result.get("available"):
+        render_missing(result, lang)
+        return
+    t = TEXT[lang]
+    m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
+    print_text(t["setup"].format(file=m["file"], L=m["n_layers"], d=m["d_model"], H=m["n_heads"],
+                                 G=m["n_kv_heads"], D=m["head_dim"], ff=m["d_ff"], V=m["vocab"],
+                                 n=fmt_num(m["n_params"]).strip(),
+                                 mb=_bytes(m["param_bytes"]) + "B", load=fmt_time(result["load_s"])),
+               style="dim")
+
+    # 1. previous-token heads
+    print_section(t["prev"])
+    n_heads = m["n_layers"] * m["n_heads"]
+    print_text(t["prev_setup"].format(T=hd["n_tokens"], L=m["n_layers"], H=m["n_heads"],
+                                      n=n_heads))
+    print_table([t["rank"], t["layer"], t["head"], t["score"]],
+                [[i + 1, h["layer"], h["head"], f"{h['score']:.3f}"]
+                 for i, h in enumerate(hd["top"])])
+    print_text(t["prev_summary"].format(n=n_heads, med=f"{hd['median']:.3f}",
+                                        uni=f"{hd['uniform']:.3f}"))
+    print_text(t["walk_check"].format(diff=_diff(hd["record_max_diff"])), style="dim")
+    best, win = hd["top"][0], hd["window"]
+    labels = win["labels"]
+    # Column cells are 5 wide: labels of at most 4 keep a space between the column heads.
+    heatmap(win["weights"], labels, [label[:4] for label in labels],
+            title=t["heat_title"].format(l=best["layer"], h=best["head"], n=len(labels)), scale=(0, 1))
+
+    # 2. KV-cache invariance
+    print_section(t["kv"])
+    print_text(t["kv_setup"].format(q=kv["question"], T=kv["prompt_tokens"], n=kv["new_tokens"]))
+    print_table([t["mode"], t["tokens"]], [
+        [t["with_cache"], " ".join(str(i) for i in kv["tokens_cached"])],
+        [t["without_cache"], " ".join(str(i) for i in kv["tokens_uncached"])],
+    ])
+    print_text(t["text_line"].format(mode=t["with_cache"], text=kv["text_cached"]))
+    print_text(t["text_line"].format(mode=t["without_cache"], text=kv["text_uncached"]))
+    print_text(t["kv_check"].format(k=kv["decode_steps"], diff=_diff(kv["max_logit_diff"]),
+                                    m=f"{kv['max_abs_logit']:.1f}"))
+
+    # 3. decode speed
+    print_section(t["decode"])
+    print_text(t["decode_setup"].format(p=dec["prefill_tokens"], s=dec["steps"]))
+    one = _by_batch(dec, 1)
+    timed_ok = dec["timing"]["steady"]
+    changed = {c["what"] for c in dec["speed_checks"] if c["changed"]}
+    bw_ok = dec["bandwidth_steady"] and "bandwidth" not in changed
+    pk_ok = dec["peak_steady"] and "matmul peak" not in changed
+    rows = [
+        [_mark(t["measured"], timed_ok), fmt_time(one["median_s"]), fmt_ratio(one["tokens_per_s"]),
+         t["measured_basis"].format(s=dec["steps"])],
+        [_mark(t["mem_bound"], bw_ok), fmt_time(dec["memory_bound_s"]),
+         fmt_ratio(1 / dec["memory_bound_s"]),
+         t["mem_basis"].format(b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]))],
+        [_mark(t["comp_bound"], pk_ok), fmt_time(dec["compute_bound_s"]),
+         fmt_ratio(1 / dec["compute_bound_s"]),
+         t["comp_basis"].format(f=fmt_num(dec["flops_per_token"]), pk=fmt_num(dec["peak_flops"]))],
+    ]
+    print_table([t["what"], t["per_token"], t["tok_s"], t["basis"]], rows)
+    print_text(t["flop_note"].format(w=fmt_num(dec["matmul_elements"]).strip(), L=m["n_layers"],
+                                     d=m["d_model"], V=m["vocab"], S=f"{dec['context']:g}",
+                                     a=fmt_num(dec["attention_flops"]).strip()), style="dim")
+
+    pre = dec["prefill"]
+    rows = [[_mark(str(b["batch"]), timed_ok), fmt_time(b["median_s"]), fmt_ratio(b["tokens_per_s"]),
+             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×", fmt_ratio(b["spread"]) + "×"]
+            for b in dec["batches"]]
+    rows.append([_mark(t["prefill_row"].format(T=pre["tokens"]), pre["steady"]),
+                 fmt_time(pre["seconds"]), fmt_ratio(pre["tokens_per_s"]),
+                 f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×", fmt_ratio(pre["spread"]) + "×"])
+    print_text(t["batch_title"])
+    print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"], t["spread"]], rows)
+    if not (timed_ok and pre["steady"] and bw_ok and pk_ok):
+        spent = dec["timing"]["remeasured_s"] + pre["remeasured_s"]
+        if spent > 0:
+            head = t["unsteady_after"].format(s=fmt_time(spent))
+        elif not (timed_ok and pre["steady"]):
+            head = t["unsteady_no_time"].format(b=fmt_time(dec["budget_s"]))
+        else:  # only the bandwidth or the peak
+            head = t["unsteady_plain"]
+        print_text(head + t["unsteady_why"].format(lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"),
+                   style="dim")
+
+    S = m["max_seq"]
+    gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
+    print_text(t["kv_title"].format(L=m["n_layers"], D=m["head_dim"]))
+    print_table([t["design"], t["kv_heads"], t["per_tok"], t["full_ctx"].format(S=S)], [
+        [t["gqa"], m["n_kv_heads"], _bytes(gqa) + "B", _bytes(gqa * S) + "B"],
+        [t["mha"], m["n_heads"], _bytes(mha) + "B", _bytes(mha * S) + "B"],
+    ])
+
+    print_observations(observations(result, lang))
+
+
+FIG_TEXT = {
+    "zh": {"head_title": "第 {l} 层第 {h} 个头：t−1 上的平均权重 {s}（{n} 个 token）",
+           "query": "查询", "key": "键", "weight": "注意力权重",
+           "decode_title": "解码每步用时：实测 vs 内存下界与算力下界", "batch": "batch 大小 B",
+           "step": "每步用时", "measured": "实测（{s} 步的中位数）",
+           "mem_bound": "内存下界：读一遍 {b}B 权重", "comp_bound": "算力下界：B × {f}FLOP"},
+    "en": {"head_title": "Layer {l}, head {h}: mean weight {s} on t−1 ({n} tokens)",
+           "query": "query", "key": "key", "weight": "attention weight",
+           "decode_title": "Decode time per step against the memory and compute bounds",
+           "batch": "batch size B", "step": "time per step",
+           "measured": "measured (median of {s} steps)",
+           "mem_bound": "memory bound: read {b}B of weights once",
+           "comp_bound": "compute bound: B × {f}FLOP"},
+}
+
+
+def figures(result, lang="zh"):
+    """The best previous-token head with its tokens, and decode time against its two bounds."""
+    if not result.get("available"):
+        return {}  # render() already says how to install the model
+    from _figures import heatmap, label_axis, new_figure, seconds, set_ticks
+    t = FIG_TEXT[lang]
+    hd, dec = result["heads"], result["decode"]
+    out = {}
+
+    best, win = hd["top"][0], hd["window"]
+    fig, ax = new_figure(size=(8, 7))
+    heatmap(ax, win["weights"], win["labels"], win["labels"], colorbar_label=t["weight"],
+            mask_above_diagonal=True, x_rotation=45)
+    ax.set_xlabel(t["key"])
+    ax.set_ylabel(t["query"])
+    ax.set_title(t["head_title"].format(l=best["layer"], h=best["head"], n=hd["n_tokens"],
+                                        s=f"{best['score']:.2f}"))
+    out["previous_token_head"] = fig
+
+    batches = [b["batch"] for b in dec["batches"]]
+    fig, ax = new_figure()
+    ax.plot(batches, [b["median_s"] for b in dec["batches"]], "o-", linewidth=2.5, markersize=8,
+            label=t["measured"].format(s=dec["steps"]), gid="measured")
+    for b in dec["batches"]:
+        ax.annotate(seconds(b["median_s"]), (b["batch"], b["median_s"]), xytext=(0, 9),
+                    textcoords="offset points", ha="center")
+    # The weights are read once per step whatever B is; the arithmetic grows with B.
+    ax.plot(batches, [dec["memory_bound_s"]] * len(batches), "--",
+            label=t["mem_bound"].format(b=fmt_num(dec["weight_bytes"])), gid="memory_bound")
+    ax.plot(batches, [B * dec["compute_bound_s"] for B in batches], ":", linewidth=2,
+            label=t["comp_bound"].format(f=fmt_num(dec["flops_per_token"])), gid="compute_bound")
+    ax.set_yscale("log")
+    ax.set_xscale("log", base=2)
+    ax.margins(x=0.08, y=0.15)  # room for the values above the first and last points
+    set_ticks(ax, batches)
+    label_axis(ax.yaxis, "seconds")
+    ax.set_xlabel(t["batch"])
+    ax.set_ylabel(t["step"])
+    ax.set_title(t["decode_title"])
+    ax.legend()
+    out["decode_bounds"] = fig
+    return out
+
+
+# ---------------------------------------------------------------- the text, zh and en
 
 TEXT = {
     "zh": {
@@ -604,288 +886,6 @@ TEXT = {
                        "requests into every decode step.",
     },
 }
-
-
-# ---------------------------------------------------------------- render
-
-def _bytes(n):
-    return fmt_num(n)  # '538 M' + 'B'
-
-
-def _diff(x):
-    return "0" if x == 0 else f"{x:.1e}"
-
-
-def _mark(text, steady):
-    """A figure from unsteady timings is marked ~."""
-    return text if steady else text + " ~"
-
-
-def unsteady_rows(dec):
-    """The timings that stayed unsteady: (spread, share of time waited or None) of each."""
-    rows = [r for r in (dec["timing"], dec["prefill"]) if not r["steady"]]
-    return [(r["spread"], r["waited"]) for r in rows]
-
-
-def busy_sentence(result, lang):
-    """One sentence on how disturbed the measuring was, or None on a quiet machine."""
-    t, dec = TEXT[lang], result["decode"]
-    sentences = []
-    rows = unsteady_rows(dec)
-    if rows or not dec["bandwidth_steady"] or not dec["peak_steady"]:
-        waits = [w for _, w in rows if w is not None]
-        wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
-                if waits and max(waits) > WAIT_LIMIT else "")
-        spread = max([x for x, _ in rows], default=1.0)
-        sentences.append(t["busy"].format(x=fmt_ratio(spread), wait=wait))
-    for check in dec["speed_checks"]:
-        if check["changed"]:
-            unit = "B/s" if check["what"] == "bandwidth" else "FLOP/s"
-            sentences.append(t["speed_changed_" + check["what"].split()[-1]].format(
-                a=fmt_num(check["before"]) + unit, b=fmt_num(check["after"]) + unit))
-    return " ".join(sentences) or None
-
-
-def observations(result, lang):
-    """The observation sentences, worded from the computed results and verdicts."""
-    t = TEXT[lang]
-    m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
-    verdict = result["verdicts"]
-    best, win = hd["top"][0], hd["window"]
-    busy = busy_sentence(result, lang)
-    items = [busy] if busy else []
-    items += [
-        t["obs_prev"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.3f}",
-                             k=hd["above_half"], n=m["n_layers"] * m["n_heads"],
-                             med=f"{hd['median']:.3f}", uni=f"{hd['uniform']:.3f}"),
-        t["obs_walk"].format(diff=_diff(hd["record_max_diff"])),
-    ]
-    heat = dict(prev=f"{win['prev_mean']:.2f}", first=f"{win['first_mean']:.2f}",
-                rest=f"{win['rest_mean']:.2f}", first_tok=win["labels"][0])
-    items.append(t["obs_heat_" + verdict["heatmap"]].format(**heat))
-
-    common = dict(k=kv["decode_steps"], diff=_diff(kv["max_logit_diff"]),
-                  m=f"{kv['max_abs_logit']:.1f}")
-    if kv["same"]:
-        items.append(t["obs_kv_same"].format(n=kv["new_tokens"], text=kv["text_cached"].strip(),
-                                             **common))
-    else:
-        items.append(t["obs_kv_differ"].format(at=kv["first_difference"], **common))
-
-    one = _by_batch(dec, 1)
-    measured = one["median_s"]
-    bound = dict(t=fmt_time(measured), r=fmt_ratio(one["tokens_per_s"]),
-                 b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
-                 tm=fmt_time(dec["memory_bound_s"]), f=fmt_num(dec["flops_per_token"]),
-                 pk=fmt_num(dec["peak_flops"]), tc=fmt_time(dec["compute_bound_s"]),
-                 mr=fmt_ratio(measured / dec["memory_bound_s"]),
-                 cr=fmt_ratio(measured / dec["compute_bound_s"]),
-                 i=f"{dec['flops_per_token'] / dec['weight_bytes']:.2f}",
-                 bal=f"{dec['peak_flops'] / dec['bandwidth']:.0f}", isz=m["itemsize"])
-    if verdict["bound"] is None:
-        items.append(t["obs_bound_unknown"].format(**bound))
-    else:
-        items.append(t[{"memory": "obs_bound_mem", "compute": "obs_bound_comp"}[verdict["bound"]]]
-                     .format(**bound)
-                     + t["floor_" + verdict["floor"]])
-
-    S = m["max_seq"]
-    gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
-    items.append(t["obs_gqa"].format(H=m["n_heads"], G=m["n_kv_heads"], kv=_bytes(gqa),
-                                     kv_mha=_bytes(mha), ratio=f"{mha / gqa:g}", S=S,
-                                     c=_bytes(gqa * S), c_mha=_bytes(mha * S),
-                                     w=_bytes(dec["weight_bytes"])))
-
-    big = _by_batch(dec, BATCHES[-1])
-    gain = big["tokens_per_s"] / one["tokens_per_s"]
-    rates = dict(x=f"{gain:.1f}", rB=fmt_ratio(big["tokens_per_s"]), r1=fmt_ratio(one["tokens_per_s"]),
-                 B=big["batch"])
-    if verdict["batch_gain"] is None:
-        items.append(t["obs_batch_unknown"].format(**rates))
-    else:
-        sentence = t["obs_batch_" + verdict["batch_gain"]].format(**rates)
-        arithmetic = big["batch"] * dec["flops_per_token"] / dec["peak_flops"]
-        step = dict(s=f"{big['median_s'] / one['median_s']:.1f}", tc8=fmt_time(arithmetic),
-                    B=big["batch"])
-        if verdict["batch_step"] is not None:
-            sentence += t["batch_step_" + verdict["batch_step"]].format(**step)
-        items.append(sentence)
-
-    pre = dec["prefill"]
-    prefill = dict(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=fmt_ratio(one["tokens_per_s"]),
-                   x=fmt_ratio(pre["tokens_per_s"] / one["tokens_per_s"]))
-    items.append(t["obs_prefill_" + (verdict["prefill"] or "unknown")].format(**prefill))
-    return items
-
-
-def render_missing(result, lang):
-    t = TEXT[lang]
-    if result.get("corrupt_file"):
-        print_text(t["corrupt"])
-        print_text("    " + result["corrupt_file"], style="bold")
-        print_text(t["reinstall"])
-    else:
-        print_text(t["missing"])
-    print_text("    " + result["install"], style="bold")
-    reason = result["reason"].strip().splitlines()[0] if result["reason"].strip() else ""
-    if reason:
-        print_text(t["missing_reason"].format(reason=reason), style="dim")
-    print_text(t["missing_after"])
-
-
-def render(result, lang="zh"):
-    if not result.get("available"):
-        render_missing(result, lang)
-        return
-    t = TEXT[lang]
-    m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
-    print_text(t["setup"].format(file=m["file"], L=m["n_layers"], d=m["d_model"], H=m["n_heads"],
-                                 G=m["n_kv_heads"], D=m["head_dim"], ff=m["d_ff"], V=m["vocab"],
-                                 n=fmt_num(m["n_params"]).strip(),
-                                 mb=_bytes(m["param_bytes"]) + "B", load=fmt_time(result["load_s"])),
-               style="dim")
-
-    # 1. previous-token heads
-    print_section(t["prev"])
-    n_heads = m["n_layers"] * m["n_heads"]
-    print_text(t["prev_setup"].format(T=hd["n_tokens"], L=m["n_layers"], H=m["n_heads"],
-                                      n=n_heads))
-    print_table([t["rank"], t["layer"], t["head"], t["score"]],
-                [[i + 1, h["layer"], h["head"], f"{h['score']:.3f}"]
-                 for i, h in enumerate(hd["top"])])
-    print_text(t["prev_summary"].format(n=n_heads, med=f"{hd['median']:.3f}",
-                                        uni=f"{hd['uniform']:.3f}"))
-    print_text(t["walk_check"].format(diff=_diff(hd["record_max_diff"])), style="dim")
-    best, win = hd["top"][0], hd["window"]
-    labels = win["labels"]
-    # Column cells are 5 wide: labels of at most 4 keep a space between the column heads.
-    heatmap(win["weights"], labels, [label[:4] for label in labels],
-            title=t["heat_title"].format(l=best["layer"], h=best["head"], n=len(labels)), scale=(0, 1))
-
-    # 2. KV-cache invariance
-    print_section(t["kv"])
-    print_text(t["kv_setup"].format(q=kv["question"], T=kv["prompt_tokens"], n=kv["new_tokens"]))
-    print_table([t["mode"], t["tokens"]], [
-        [t["with_cache"], " ".join(str(i) for i in kv["tokens_cached"])],
-        [t["without_cache"], " ".join(str(i) for i in kv["tokens_uncached"])],
-    ])
-    print_text(t["text_line"].format(mode=t["with_cache"], text=kv["text_cached"]))
-    print_text(t["text_line"].format(mode=t["without_cache"], text=kv["text_uncached"]))
-    print_text(t["kv_check"].format(k=kv["decode_steps"], diff=_diff(kv["max_logit_diff"]),
-                                    m=f"{kv['max_abs_logit']:.1f}"))
-
-    # 3. decode speed
-    print_section(t["decode"])
-    print_text(t["decode_setup"].format(p=dec["prefill_tokens"], s=dec["steps"]))
-    one = _by_batch(dec, 1)
-    timed_ok = dec["timing"]["steady"]
-    changed = {c["what"] for c in dec["speed_checks"] if c["changed"]}
-    bw_ok = dec["bandwidth_steady"] and "bandwidth" not in changed
-    pk_ok = dec["peak_steady"] and "matmul peak" not in changed
-    rows = [
-        [_mark(t["measured"], timed_ok), fmt_time(one["median_s"]), fmt_ratio(one["tokens_per_s"]),
-         t["measured_basis"].format(s=dec["steps"])],
-        [_mark(t["mem_bound"], bw_ok), fmt_time(dec["memory_bound_s"]),
-         fmt_ratio(1 / dec["memory_bound_s"]),
-         t["mem_basis"].format(b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]))],
-        [_mark(t["comp_bound"], pk_ok), fmt_time(dec["compute_bound_s"]),
-         fmt_ratio(1 / dec["compute_bound_s"]),
-         t["comp_basis"].format(f=fmt_num(dec["flops_per_token"]), pk=fmt_num(dec["peak_flops"]))],
-    ]
-    print_table([t["what"], t["per_token"], t["tok_s"], t["basis"]], rows)
-    print_text(t["flop_note"].format(w=fmt_num(dec["matmul_elements"]).strip(), L=m["n_layers"],
-                                     d=m["d_model"], V=m["vocab"], S=f"{dec['context']:g}",
-                                     a=fmt_num(dec["attention_flops"]).strip()), style="dim")
-
-    pre = dec["prefill"]
-    rows = [[_mark(str(b["batch"]), timed_ok), fmt_time(b["median_s"]), fmt_ratio(b["tokens_per_s"]),
-             f"{b['tokens_per_s'] / one['tokens_per_s']:.1f}×", fmt_ratio(b["spread"]) + "×"]
-            for b in dec["batches"]]
-    rows.append([_mark(t["prefill_row"].format(T=pre["tokens"]), pre["steady"]),
-                 fmt_time(pre["seconds"]), fmt_ratio(pre["tokens_per_s"]),
-                 f"{pre['tokens_per_s'] / one['tokens_per_s']:.1f}×", fmt_ratio(pre["spread"]) + "×"])
-    print_text(t["batch_title"])
-    print_table([t["batch"], t["step"], t["tok_s"], t["vs_one"], t["spread"]], rows)
-    if not (timed_ok and pre["steady"] and bw_ok and pk_ok):
-        spent = dec["timing"]["remeasured_s"] + pre["remeasured_s"]
-        if spent > 0:
-            head = t["unsteady_after"].format(s=fmt_time(spent))
-        elif not (timed_ok and pre["steady"]):
-            head = t["unsteady_no_time"].format(b=fmt_time(dec["budget_s"]))
-        else:  # only the bandwidth or the peak
-            head = t["unsteady_plain"]
-        print_text(head + t["unsteady_why"].format(lim=f"{UNSTEADY:g}×", w=f"{WAIT_LIMIT:.0%}"),
-                   style="dim")
-
-    S = m["max_seq"]
-    gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
-    print_text(t["kv_title"].format(L=m["n_layers"], D=m["head_dim"]))
-    print_table([t["design"], t["kv_heads"], t["per_tok"], t["full_ctx"].format(S=S)], [
-        [t["gqa"], m["n_kv_heads"], _bytes(gqa) + "B", _bytes(gqa * S) + "B"],
-        [t["mha"], m["n_heads"], _bytes(mha) + "B", _bytes(mha * S) + "B"],
-    ])
-
-    print_observations(observations(result, lang))
-
-
-FIG_TEXT = {
-    "zh": {"head_title": "第 {l} 层第 {h} 个头：t−1 上的平均权重 {s}（{n} 个 token）",
-           "query": "查询", "key": "键", "weight": "注意力权重",
-           "decode_title": "解码每步用时：实测 vs 内存下界与算力下界", "batch": "batch 大小 B",
-           "step": "每步用时", "measured": "实测（{s} 步的中位数）",
-           "mem_bound": "内存下界：读一遍 {b}B 权重", "comp_bound": "算力下界：B × {f}FLOP"},
-    "en": {"head_title": "Layer {l}, head {h}: mean weight {s} on t−1 ({n} tokens)",
-           "query": "query", "key": "key", "weight": "attention weight",
-           "decode_title": "Decode time per step against the memory and compute bounds",
-           "batch": "batch size B", "step": "time per step",
-           "measured": "measured (median of {s} steps)",
-           "mem_bound": "memory bound: read {b}B of weights once",
-           "comp_bound": "compute bound: B × {f}FLOP"},
-}
-
-
-def figures(result, lang="zh"):
-    """The best previous-token head with its tokens, and decode time against its two bounds."""
-    if not result.get("available"):
-        return {}  # render() already says how to install the model
-    from _figures import heatmap, label_axis, new_figure, seconds, set_ticks
-    t = FIG_TEXT[lang]
-    hd, dec = result["heads"], result["decode"]
-    out = {}
-
-    best, win = hd["top"][0], hd["window"]
-    fig, ax = new_figure(size=(8, 7))
-    heatmap(ax, win["weights"], win["labels"], win["labels"], colorbar_label=t["weight"],
-            mask_above_diagonal=True, x_rotation=45)
-    ax.set_xlabel(t["key"])
-    ax.set_ylabel(t["query"])
-    ax.set_title(t["head_title"].format(l=best["layer"], h=best["head"], n=hd["n_tokens"],
-                                        s=f"{best['score']:.2f}"))
-    out["previous_token_head"] = fig
-
-    batches = [b["batch"] for b in dec["batches"]]
-    fig, ax = new_figure()
-    ax.plot(batches, [b["median_s"] for b in dec["batches"]], "o-", linewidth=2.5, markersize=8,
-            label=t["measured"].format(s=dec["steps"]), gid="measured")
-    for b in dec["batches"]:
-        ax.annotate(seconds(b["median_s"]), (b["batch"], b["median_s"]), xytext=(0, 9),
-                    textcoords="offset points", ha="center")
-    # The weights are read once per step whatever B is; the arithmetic grows with B.
-    ax.plot(batches, [dec["memory_bound_s"]] * len(batches), "--",
-            label=t["mem_bound"].format(b=fmt_num(dec["weight_bytes"])), gid="memory_bound")
-    ax.plot(batches, [B * dec["compute_bound_s"] for B in batches], ":", linewidth=2,
-            label=t["comp_bound"].format(f=fmt_num(dec["flops_per_token"])), gid="compute_bound")
-    ax.set_yscale("log")
-    ax.set_xscale("log", base=2)
-    ax.margins(x=0.08, y=0.15)  # room for the values above the first and last points
-    set_ticks(ax, batches)
-    label_axis(ax.yaxis, "seconds")
-    ax.set_xlabel(t["batch"])
-    ax.set_ylabel(t["step"])
-    ax.set_title(t["decode_title"])
-    ax.legend()
-    out["decode_bounds"] = fig
-    return out
 
 
 if __name__ == "__main__":

@@ -79,121 +79,6 @@ DESIGNS = {"MHA": {"n_kv_heads": 9}, "GQA": {"n_kv_heads": 3}, "MQA": {"n_kv_hea
 SEED = 12
 
 TITLE = {"zh": "KV 缓存账本", "en": "The KV-cache ledger"}
-TEXT = {
-    "zh": {
-        "why": "位置 j 的 K 和 V 只取决于 token 0…j，所以可以存下来反复用：解码每一步"
-               "只算新 token 的 K、V，但要把整个缓存读一遍（还有全部权重）。",
-        "ledger": "1. 公开模型的 KV 缓存（bf16，每个值 2 字节；数值取自各自的 config.json）",
-        "model": "模型", "design": "设计", "formula": "每 token 的值（公式）",
-        "per_layer": "每层", "per_token": "整个模型",
-        "memory": "一条序列的缓存（GB），和 80 GB 加速器上能放几条 {k} 的序列",
-        "weights": "权重", "fit": "权重旁", "per80": "每 80 GB",
-        "no_fit": "放不下", "mem_note": "GB = 10⁹ 字节。“权重旁”= ⌊(80 GB − bf16 权重) / "
-                                       "一条 {k} 序列的缓存⌋；“每 80 GB”只算缓存。参数量按"
-                                       "config.json 逐项相加（DeepSeek-V3 含 {e} 个路由专家，不含 MTP 模块）。",
-        "formulas": "2. 逐行的公式：每 token 缓存的值",
-        "f_mha": "MHA：2·H·D·L（K 和 V，每个头一份）",
-        "f_gqa": "GQA：2·G·D·L（G 组 K/V，由 H/G 个查询头共享）",
-        "f_mqa": "MQA：2·D·L（所有头共享一份 K/V）",
-        "f_mla": "MLA：(d_c + d_R)·L（潜向量 c_kv 和共享的 RoPE 键）",
-        "measured": "3. 在本机实测：SmolLM2 形状的随机模型（d = {d}，{H} 个头，{L} 层，"
-                    "词表 {V}，float32），解码一个 token",
-        "m_setup": "MLA 用 DeepSeek 的比例：d_c = 4·D = {c}，d_R = D/2 = {r}（MLA 解码走吸收式）。"
-                   "缓存填上随机值（时间与数值无关）；所有设计和长度轮流计时，各重复 {k} 次取最快。",
-        "ctx": "上下文", "time": "每 token 时间", "bytes": "每步要读的字节（权重 + 缓存）",
-        "cache_tok": "缓存/token", "w_bytes": "权重",
-        "cross": "缓存读取何时超过权重读取",
-        "by_bytes": "按字节", "by_time": "按时间（拟合）",
-        "beyond": "{s}（外推）", "never": "—",
-        "cross_note": "FLOP/字节：注意力的 FLOPs 除以读的缓存字节。按字节：权重字节 = S × 每 token 缓存字节的 S。按时间：拟合每个设计的 t = a + b·S，a 是与上下文无关的部分（读权重等），"
-                      "b·S 是读缓存和算注意力的部分；交点 S = a / b。",
-        "obs_mla": "DeepSeek-V3 有 {L} 层、{H} 个头，每 token 却只缓存 {v} 个值（{kib} KiB），"
-                   "比同样头数的 MHA（2·{H}·{D}·{L} = {mha} 个值）少 {x} 倍；Llama-2-7B 的 MHA "
-                   "每 token 要 {kib_l2} KiB。",
-        "obs_fit": "在 80 GB 里放 {k} 的序列：{best} 放得最多（{nb} 条），{worst} 最少（{nw} 条）；"
-                   "{over} 的 bf16 权重本身就超过 80 GB，一张卡放不下。",
-        "obs_gqa": "同样是 32 层、4096 宽，Llama-3-8B（GQA 8）每 token 的缓存是 Llama-2-7B（MHA）的"
-                   " 1/{r}：一条 {k} 的序列从 {a} GB 降到 {b} GB。",
-        "obs_cross": "实测：{name} 的缓存在约 {s} 个 token 时超过权重（按字节 {sb}），"
-                     "此后每步时间主要花在读缓存上。实测范围内还没有超过的：{others}。",
-        "obs_cross_none": "实测范围内没有一种设计的缓存读取超过权重读取（MHA 按字节在 {sb} 个 token）。",
-        "obs_bytes": "在 {s} 个 token 的上下文里，每步要读的字节从少到多：{order}。"
-                     "MLA 的吸收式解码读的缓存字节是 GQA 的 {r_gqa}、MHA 的 {r_mha}；"
-                     "MQA 的缓存更小（每层 {mqa} 对 MLA 的 {mla} 个值）——MLA 省的是 MHA/GQA 的字节，"
-                     "不是 MQA 的。",
-        "obs_time": "{s} 个 token 时，MLA 要读的字节是 MHA 的 1/{rb}，但吸收式注意力的 FLOPs 是"
-                    " MHA 的 {rf}×（每字节缓存 {i_mla} 个 FLOP，MHA 只有 {i_mha}）。本机上 MLA 每步 "
-                    "{t_mla}，MHA {t_mha}：{verdict}",
-        "v_bytes": "字节说了算。",
-        "v_tie": "两者相差不到 {tie:.0%}：少读的字节在这里被多做的 FLOPs 抵掉了。",
-        "v_flops": "这里 FLOPs 说了算——两核 CPU 没有多余的算力，而加速器上的解码缺的是字节，不是 FLOPs。",
-        "flop_b": "FLOP/字节",
-    },
-    "en": {
-        "why": "Position j's K and V depend only on tokens 0…j, so they can be stored and "
-               "reused: each decode step computes K and V for the new token only, but reads "
-               "the whole cache once (and all the weights).",
-        "ledger": "1. The KV cache of published models (bf16, 2 bytes a value; values from "
-                  "each config.json)",
-        "model": "model", "design": "design", "formula": "values per token (formula)",
-        "per_layer": "per layer", "per_token": "whole model",
-        "memory": "One sequence's cache (GB), and how many {k} sequences fit on an 80 GB "
-                  "accelerator",
-        "weights": "weights", "fit": "beside", "per80": "per 80 GB",
-        "no_fit": "no room", "mem_note": "GB = 10⁹ bytes. \"Beside\" = ⌊(80 GB − bf16 "
-                                        "weights) / one {k} sequence's cache⌋; \"per 80 GB\" "
-                                        "counts the cache alone. Parameters are summed from "
-                                        "config.json (DeepSeek-V3 with its {e} routed experts, "
-                                        "without the MTP module).",
-        "formulas": "2. The formula, row by row: values cached per token",
-        "f_mha": "MHA: 2·H·D·L (K and V, one per head)",
-        "f_gqa": "GQA: 2·G·D·L (G K/V groups, each shared by H/G query heads)",
-        "f_mqa": "MQA: 2·D·L (one K/V shared by every head)",
-        "f_mla": "MLA: (d_c + d_R)·L (the latent c_kv and the shared RoPE key)",
-        "measured": "3. Measured here: SmolLM2-shaped random models (d = {d}, {H} heads, {L} "
-                    "layers, vocab {V}, float32), decoding one token",
-        "m_setup": "MLA with DeepSeek's proportions: d_c = 4·D = {c}, d_R = D/2 = {r} (MLA "
-                   "decodes by the absorbed form). The cache holds random values (time does "
-                   "not depend on them); every design and length timed in turns, the fastest "
-                   "of {k} repeats.",
-        "ctx": "context", "time": "time per token", "bytes": "bytes read per step (weights + "
-                                                           "cache)",
-        "cache_tok": "cache/token", "w_bytes": "weights",
-        "cross": "When reading the cache overtakes reading the weights",
-        "by_bytes": "by bytes", "by_time": "by time (fit)",
-        "beyond": "{s} (extrapolated)", "never": "—",
-        "cross_note": "FLOP/B: attention FLOPs per byte of cache read. By bytes: the S at which S × cache bytes per token equals the weight "
-                      "bytes. By time: a fit t = a + b·S per design, a the part that does not grow "
-                      "with the context (reading the weights, mostly), b·S reading the cache "
-                      "and attending; they cross at S = a / b.",
-        "obs_mla": "DeepSeek-V3 has {L} layers and {H} heads, yet caches only {v} values per "
-                   "token ({kib} KiB): {x}× fewer than MHA with as many heads "
-                   "(2·{H}·{D}·{L} = {mha} values); Llama-2-7B's MHA needs {kib_l2} KiB per "
-                   "token.",
-        "obs_fit": "Of {k} sequences in 80 GB, {best} fits the most ({nb}) and {worst} the "
-                   "fewest ({nw}); the bf16 weights of {over} exceed 80 GB on their own, "
-                   "so one accelerator cannot hold them.",
-        "obs_gqa": "At the same 32 layers and width 4096, Llama-3-8B (GQA 8) caches 1/{r} of "
-                   "Llama-2-7B's (MHA) per token: one {k} sequence goes from {a} GB to {b} GB.",
-        "obs_cross": "Measured: {name}'s cache overtakes its weights at about {s} tokens ({sb} "
-                     "by bytes); past that, a step spends most of its time reading the cache. "
-                     "Not crossed within the measured range: {others}.",
-        "obs_cross_none": "Within the measured range no design's cache reads overtake its "
-                          "weight reads (MHA would by bytes at {sb} tokens).",
-        "obs_bytes": "At a context of {s} tokens, the bytes a step reads, fewest first: "
-                     "{order}. MLA's absorbed decode reads {r_gqa} of GQA's and {r_mha} of "
-                     "MHA's cache bytes; MQA's cache is smaller still ({mqa} values per layer "
-                     "against MLA's {mla}): MLA saves on MHA's and GQA's bytes, not on MQA's.",
-        "obs_time": "At {s} tokens MLA reads 1/{rb} of MHA's bytes, but its absorbed attention "
-                    "does {rf}× MHA's FLOPs ({i_mla} FLOPs per cache byte against MHA's "
-                    "{i_mha}). Here MLA takes {t_mla} a step and MHA {t_mha}: {verdict}",
-        "v_bytes": "the bytes decide.",
-        "v_tie": "within {tie:.0%} of each other: the bytes saved are paid back in FLOPs here.",
-        "v_flops": "here the FLOPs decide: a 2-core CPU has no arithmetic to spare, while an "
-                   "accelerator's decode is short of bytes, not FLOPs.",
-        "flop_b": "FLOP/B",
-    },
-}
 
 
 # ---------------------------------------------------------------- part 1 and 2: the ledger
@@ -533,6 +418,125 @@ def figures(result, lang="zh"):
     ax2.legend()
     fig2.suptitle(t["m_title"].format(d=m["d"]))
     return {"cache": fig, "decode": fig2}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "why": "位置 j 的 K 和 V 只取决于 token 0…j，所以可以存下来反复用：解码每一步"
+               "只算新 token 的 K、V，但要把整个缓存读一遍（还有全部权重）。",
+        "ledger": "1. 公开模型的 KV 缓存（bf16，每个值 2 字节；数值取自各自的 config.json）",
+        "model": "模型", "design": "设计", "formula": "每 token 的值（公式）",
+        "per_layer": "每层", "per_token": "整个模型",
+        "memory": "一条序列的缓存（GB），和 80 GB 加速器上能放几条 {k} 的序列",
+        "weights": "权重", "fit": "权重旁", "per80": "每 80 GB",
+        "no_fit": "放不下", "mem_note": "GB = 10⁹ 字节。“权重旁”= ⌊(80 GB − bf16 权重) / "
+                                       "一条 {k} 序列的缓存⌋；“每 80 GB”只算缓存。参数量按"
+                                       "config.json 逐项相加（DeepSeek-V3 含 {e} 个路由专家，不含 MTP 模块）。",
+        "formulas": "2. 逐行的公式：每 token 缓存的值",
+        "f_mha": "MHA：2·H·D·L（K 和 V，每个头一份）",
+        "f_gqa": "GQA：2·G·D·L（G 组 K/V，由 H/G 个查询头共享）",
+        "f_mqa": "MQA：2·D·L（所有头共享一份 K/V）",
+        "f_mla": "MLA：(d_c + d_R)·L（潜向量 c_kv 和共享的 RoPE 键）",
+        "measured": "3. 在本机实测：SmolLM2 形状的随机模型（d = {d}，{H} 个头，{L} 层，"
+                    "词表 {V}，float32），解码一个 token",
+        "m_setup": "MLA 用 DeepSeek 的比例：d_c = 4·D = {c}，d_R = D/2 = {r}（MLA 解码走吸收式）。"
+                   "缓存填上随机值（时间与数值无关）；所有设计和长度轮流计时，各重复 {k} 次取最快。",
+        "ctx": "上下文", "time": "每 token 时间", "bytes": "每步要读的字节（权重 + 缓存）",
+        "cache_tok": "缓存/token", "w_bytes": "权重",
+        "cross": "缓存读取何时超过权重读取",
+        "by_bytes": "按字节", "by_time": "按时间（拟合）",
+        "beyond": "{s}（外推）", "never": "—",
+        "cross_note": "FLOP/字节：注意力的 FLOPs 除以读的缓存字节。按字节：权重字节 = S × 每 token 缓存字节的 S。按时间：拟合每个设计的 t = a + b·S，a 是与上下文无关的部分（读权重等），"
+                      "b·S 是读缓存和算注意力的部分；交点 S = a / b。",
+        "obs_mla": "DeepSeek-V3 有 {L} 层、{H} 个头，每 token 却只缓存 {v} 个值（{kib} KiB），"
+                   "比同样头数的 MHA（2·{H}·{D}·{L} = {mha} 个值）少 {x} 倍；Llama-2-7B 的 MHA "
+                   "每 token 要 {kib_l2} KiB。",
+        "obs_fit": "在 80 GB 里放 {k} 的序列：{best} 放得最多（{nb} 条），{worst} 最少（{nw} 条）；"
+                   "{over} 的 bf16 权重本身就超过 80 GB，一张卡放不下。",
+        "obs_gqa": "同样是 32 层、4096 宽，Llama-3-8B（GQA 8）每 token 的缓存是 Llama-2-7B（MHA）的"
+                   " 1/{r}：一条 {k} 的序列从 {a} GB 降到 {b} GB。",
+        "obs_cross": "实测：{name} 的缓存在约 {s} 个 token 时超过权重（按字节 {sb}），"
+                     "此后每步时间主要花在读缓存上。实测范围内还没有超过的：{others}。",
+        "obs_cross_none": "实测范围内没有一种设计的缓存读取超过权重读取（MHA 按字节在 {sb} 个 token）。",
+        "obs_bytes": "在 {s} 个 token 的上下文里，每步要读的字节从少到多：{order}。"
+                     "MLA 的吸收式解码读的缓存字节是 GQA 的 {r_gqa}、MHA 的 {r_mha}；"
+                     "MQA 的缓存更小（每层 {mqa} 对 MLA 的 {mla} 个值）——MLA 省的是 MHA/GQA 的字节，"
+                     "不是 MQA 的。",
+        "obs_time": "{s} 个 token 时，MLA 要读的字节是 MHA 的 1/{rb}，但吸收式注意力的 FLOPs 是"
+                    " MHA 的 {rf}×（每字节缓存 {i_mla} 个 FLOP，MHA 只有 {i_mha}）。本机上 MLA 每步 "
+                    "{t_mla}，MHA {t_mha}：{verdict}",
+        "v_bytes": "字节说了算。",
+        "v_tie": "两者相差不到 {tie:.0%}：少读的字节在这里被多做的 FLOPs 抵掉了。",
+        "v_flops": "这里 FLOPs 说了算——两核 CPU 没有多余的算力，而加速器上的解码缺的是字节，不是 FLOPs。",
+        "flop_b": "FLOP/字节",
+    },
+    "en": {
+        "why": "Position j's K and V depend only on tokens 0…j, so they can be stored and "
+               "reused: each decode step computes K and V for the new token only, but reads "
+               "the whole cache once (and all the weights).",
+        "ledger": "1. The KV cache of published models (bf16, 2 bytes a value; values from "
+                  "each config.json)",
+        "model": "model", "design": "design", "formula": "values per token (formula)",
+        "per_layer": "per layer", "per_token": "whole model",
+        "memory": "One sequence's cache (GB), and how many {k} sequences fit on an 80 GB "
+                  "accelerator",
+        "weights": "weights", "fit": "beside", "per80": "per 80 GB",
+        "no_fit": "no room", "mem_note": "GB = 10⁹ bytes. \"Beside\" = ⌊(80 GB − bf16 "
+                                        "weights) / one {k} sequence's cache⌋; \"per 80 GB\" "
+                                        "counts the cache alone. Parameters are summed from "
+                                        "config.json (DeepSeek-V3 with its {e} routed experts, "
+                                        "without the MTP module).",
+        "formulas": "2. The formula, row by row: values cached per token",
+        "f_mha": "MHA: 2·H·D·L (K and V, one per head)",
+        "f_gqa": "GQA: 2·G·D·L (G K/V groups, each shared by H/G query heads)",
+        "f_mqa": "MQA: 2·D·L (one K/V shared by every head)",
+        "f_mla": "MLA: (d_c + d_R)·L (the latent c_kv and the shared RoPE key)",
+        "measured": "3. Measured here: SmolLM2-shaped random models (d = {d}, {H} heads, {L} "
+                    "layers, vocab {V}, float32), decoding one token",
+        "m_setup": "MLA with DeepSeek's proportions: d_c = 4·D = {c}, d_R = D/2 = {r} (MLA "
+                   "decodes by the absorbed form). The cache holds random values (time does "
+                   "not depend on them); every design and length timed in turns, the fastest "
+                   "of {k} repeats.",
+        "ctx": "context", "time": "time per token", "bytes": "bytes read per step (weights + "
+                                                           "cache)",
+        "cache_tok": "cache/token", "w_bytes": "weights",
+        "cross": "When reading the cache overtakes reading the weights",
+        "by_bytes": "by bytes", "by_time": "by time (fit)",
+        "beyond": "{s} (extrapolated)", "never": "—",
+        "cross_note": "FLOP/B: attention FLOPs per byte of cache read. By bytes: the S at which S × cache bytes per token equals the weight "
+                      "bytes. By time: a fit t = a + b·S per design, a the part that does not grow "
+                      "with the context (reading the weights, mostly), b·S reading the cache "
+                      "and attending; they cross at S = a / b.",
+        "obs_mla": "DeepSeek-V3 has {L} layers and {H} heads, yet caches only {v} values per "
+                   "token ({kib} KiB): {x}× fewer than MHA with as many heads "
+                   "(2·{H}·{D}·{L} = {mha} values); Llama-2-7B's MHA needs {kib_l2} KiB per "
+                   "token.",
+        "obs_fit": "Of {k} sequences in 80 GB, {best} fits the most ({nb}) and {worst} the "
+                   "fewest ({nw}); the bf16 weights of {over} exceed 80 GB on their own, "
+                   "so one accelerator cannot hold them.",
+        "obs_gqa": "At the same 32 layers and width 4096, Llama-3-8B (GQA 8) caches 1/{r} of "
+                   "Llama-2-7B's (MHA) per token: one {k} sequence goes from {a} GB to {b} GB.",
+        "obs_cross": "Measured: {name}'s cache overtakes its weights at about {s} tokens ({sb} "
+                     "by bytes); past that, a step spends most of its time reading the cache. "
+                     "Not crossed within the measured range: {others}.",
+        "obs_cross_none": "Within the measured range no design's cache reads overtake its "
+                          "weight reads (MHA would by bytes at {sb} tokens).",
+        "obs_bytes": "At a context of {s} tokens, the bytes a step reads, fewest first: "
+                     "{order}. MLA's absorbed decode reads {r_gqa} of GQA's and {r_mha} of "
+                     "MHA's cache bytes; MQA's cache is smaller still ({mqa} values per layer "
+                     "against MLA's {mla}): MLA saves on MHA's and GQA's bytes, not on MQA's.",
+        "obs_time": "At {s} tokens MLA reads 1/{rb} of MHA's bytes, but its absorbed attention "
+                    "does {rf}× MHA's FLOPs ({i_mla} FLOPs per cache byte against MHA's "
+                    "{i_mha}). Here MLA takes {t_mla} a step and MHA {t_mha}: {verdict}",
+        "v_bytes": "the bytes decide.",
+        "v_tie": "within {tie:.0%} of each other: the bytes saved are paid back in FLOPs here.",
+        "v_flops": "here the FLOPs decide: a 2-core CPU has no arithmetic to spare, while an "
+                   "accelerator's decode is short of bytes, not FLOPs.",
+        "flop_b": "FLOP/B",
+    },
+}
 
 
 if __name__ == "__main__":

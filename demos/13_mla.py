@@ -40,117 +40,6 @@ TRAIN_STEPS_QUICK = 30  # --quick trains fewer steps than demo 11's; the full ru
 DESIGNS = ("MHA", "GQA", "MQA", "MLA")
 
 TITLE = {"zh": "MLA：多头潜在注意力", "en": "MLA: multi-head latent attention"}
-TEXT = {
-    "zh": {
-        "intro": "GQA/MQA 省的是字节，不是 FLOPs，正好打在解码的瓶颈上。MLA 更进一步：每个 token"
-                 " 只缓存一个小的潜向量 c_kv，各头的 K、V 都从它上投影出来。",
-        "build": "1. 搭起来：潜向量、上投影、只缓存 c_kv 和 k_rope",
-        "build_setup": "d = {d}，{H} 个头；d_c = {c}，每头 {n} 维 nope + {r} 维 RoPE，V {v} 维。"
-                       "参数（[in, out]）：",
-        "param": "参数", "shape": "形状", "role": "作用",
-        "r_wq": "查询：每头 nope 在前、rope 在后", "r_wkv_a": "压成潜向量，再加共享的 RoPE 键",
-        "r_kv_norm": "潜向量的 RMSNorm", "r_wkv_b": "上投影：每头 K-nope 和 V", "r_wo": "输出",
-        "cache": "预填 {T} 个 token 后，缓存里只有 c_kv {ckv} 和 k_rope {kr}：每层每 token "
-                 "{vals} 个值；同样 {H} 头、每头 {D} 维的 MHA 要存 {mha} 个（{x}×）。",
-        "absorb": "2. 吸收：把 W_UK 折进查询、W_UV 折进输出，直接在潜向量上做注意力",
-        "absorb_diff": "同一组输入（float64，上下文 {S}）：吸收式与朴素式输出的最大差 {d1}；"
-                       "一次 {T} 个查询、每行位置不同时 {d2}。",
-        "path": "解码路径", "flops": "FLOPs", "bytes": "读写字节", "time": "时间（本机）",
-        "naive": "朴素：从潜向量重算 K、V", "absorbed": "吸收：在潜向量上注意",
-        "absorb_note": "每层一个新 token、上下文 {S}、float32。朴素式每步要把 {S} 个潜向量上投影成"
-                       " K、V（写出再读回）；吸收式只读缓存和 wkv_b。",
-        "rope": "3. 为什么 RoPE 不能被吸收",
-        "rope_setup": "把 RoPE 直接加在上投影出的键上（不分出解耦部分），再把 W_UK 折进 W_Q："
-                      "两者之间的旋转 R(j−i) 取决于位置差，折好的矩阵里没有它。分数的误差"
-                      "（平均 |误差| / 真实分数的均方根）：",
-        "gap": "位置差", "err": "相对误差",
-        "decoupled": "解耦：nope 部分照样吸收，RoPE 键 k_rope 单独缓存（已旋转），分数精确："
-                     "与真实分数的最大差 {d}。代价是每 token 多存 {r} 个值（{c} → {cr}，+{p}）。",
-        "train": "4. 训练：参数量相当的 MHA、GQA、MQA、MLA",
-        "train_setup": "与演示 11 相同的任务（逐字符预测 Python 源码）与设置（Llama 式块、AdamW、"
-                       "预热加余弦），{n} 步，{k} 个种子；d = {d}，{H} 个头，{L} 层。d_ff 按设计"
-                       "调整，让参数量相当。",
-        "design": "设计", "kv": "K/V", "params": "参数", "cache_tok": "缓存值/token",
-        "cache_b": "字节/token", "loss": "{n} 步后的损失",
-        "obs_cache": "MLA 的缓存只有 c_kv 和 k_rope：每层每 token {vals} 个值，是同样头数 MHA "
-                     "的 1/{x}。",
-        "obs_absorb": "吸收式与朴素式算出同样的输出（最大差 {d}），但在上下文 {S} 时 FLOPs 少 "
-                      "{fx}×、读写字节少 {bx}×，本机快 {tx}×。",
-        "obs_rope": "把 W_UK 折进带 RoPE 的查询会出错：位置差 0 时误差 {e0}，位置差 {g1} 时已是 "
-                    "{e1}，位置差 {gm} 时 {em}——误差随位置差变大，位置差 ≥ {gp} 后停在 {plateau} "
-                    "左右（与分数本身一样大）。解耦的 RoPE 键让分数精确（{d}），只多存 {r} 个值/token。",
-        "obs_rank": "{n} 步后损失从低到高：{order}。",
-        "obs_noise": "{names} 与 MHA 的差别不超过种子之间的标准差（最大 {s}）：在这个规模上"
-                     "分不出好坏。",
-        "obs_noise_none": "每种设计与 MHA 的差别都超过种子之间的标准差（最大 {s}）。",
-        "obs_bytes": "每 token 的缓存字节从多到少：{order}；MLA 是 MHA 的 {share}。"
-                     "MLA 的损失 {lm}，MHA {lh}：{verdict}。",
-        "v_better": "MLA 比 MHA 低，且超出种子噪声",
-        "v_same": "两者之差在种子噪声之内",
-        "v_worse": "MLA 比 MHA 高，且超出种子噪声",
-    },
-    "en": {
-        "intro": "GQA/MQA save bytes, not FLOPs, which is exactly what decode is short of. MLA "
-                 "goes further: each token caches one small latent c_kv, from which every "
-                 "head's K and V are up-projected.",
-        "build": "1. Build it: the latent, the up-projections, a cache of c_kv and k_rope only",
-        "build_setup": "d = {d}, {H} heads; d_c = {c}, each head {n} nope + {r} RoPE "
-                       "channels, V {v}. Params ([in, out]):",
-        "param": "param", "shape": "shape", "role": "role",
-        "r_wq": "queries: each head nope first, then rope",
-        "r_wkv_a": "down to the latent, plus the shared RoPE key",
-        "r_kv_norm": "RMSNorm of the latent", "r_wkv_b": "up: each head's K-nope and V",
-        "r_wo": "output",
-        "cache": "After a prefill of {T} tokens the cache holds only c_kv {ckv} and k_rope "
-                 "{kr}: {vals} values per token per layer; MHA with the same {H} heads of {D} "
-                 "would store {mha} ({x}×).",
-        "absorb": "2. Absorb it: W_UK folded into the query, W_UV into the output, attention "
-                  "over the latent itself",
-        "absorb_diff": "Same inputs (float64, context {S}): absorbed against naive, max "
-                       "difference {d1}; {T} queries at once, rows at their own positions, {d2}.",
-        "path": "decode path", "flops": "FLOPs", "bytes": "bytes moved", "time": "time (here)",
-        "naive": "naive: K, V from the latent", "absorbed": "absorbed: attend the latent",
-        "absorb_note": "One new token per layer at context {S}, float32. The naive path "
-                       "up-projects all {S} latents to K and V every step (written, then read "
-                       "back); the absorbed one reads only the cache and wkv_b.",
-        "rope": "3. Why RoPE cannot be absorbed",
-        "rope_setup": "Put RoPE on the up-projected key itself (no decoupled part) and fold "
-                      "W_UK into W_Q: the rotation R(j−i) between them depends on the position "
-                      "gap, and the folded matrix has none. Error of the scores (mean |error| "
-                      "over the RMS of the true scores):",
-        "gap": "position gap", "err": "relative error",
-        "decoupled": "Decoupled: the nope part absorbs as before, the RoPE key k_rope is cached "
-                     "on its own (rotated), and the scores are exact: max difference {d} from "
-                     "the true ones. The price: {r} more values per token ({c} → {cr}, +{p}).",
-        "train": "4. Train it: MHA, GQA, MQA and MLA at about equal parameter counts",
-        "train_setup": "Demo 11's task (Python source, character by character) and setup "
-                       "(Llama-style block, AdamW, warmup then cosine), {n} steps, {k} seeds; "
-                       "d = {d}, {H} heads, {L} layers. d_ff varies by design to keep the "
-                       "parameter counts about equal.",
-        "design": "design", "kv": "K/V", "params": "params", "cache_tok": "cached/token",
-        "cache_b": "bytes/token", "loss": "loss at {n}",
-        "obs_cache": "MLA caches only c_kv and k_rope: {vals} values per token per layer, 1/{x} "
-                     "of MHA's with as many heads.",
-        "obs_absorb": "The absorbed and the naive form compute the same outputs (max difference "
-                      "{d}), but at context {S} the absorbed one does {fx}× fewer FLOPs, moves "
-                      "{bx}× fewer bytes and runs {tx}× faster here.",
-        "obs_rope": "Folding W_UK into a rotated query goes wrong: the error is {e0} at gap 0, "
-                    "already {e1} at gap {g1} and {em} at gap {gm}: it grows with the position "
-                    "gap, and from gap {gp} on it stays around {plateau}, as large as the "
-                    "scores themselves. The decoupled RoPE key keeps the scores exact ({d}) "
-                    "for {r} more values per token.",
-        "obs_rank": "Loss after {n} steps, lowest first: {order}.",
-        "obs_noise": "{names} differ from MHA by no more than the spread between seeds (std up "
-                     "to {s}): at this scale the measurement cannot tell them apart.",
-        "obs_noise_none": "Every design differs from MHA by more than the spread between seeds "
-                          "(std up to {s}).",
-        "obs_bytes": "Cache bytes per token, most first: {order}; MLA's are {share} of "
-                     "MHA's. MLA's loss is {lm}, MHA's {lh}: {verdict}.",
-        "v_better": "MLA is lower, by more than the seed noise",
-        "v_same": "the difference is inside the seed noise",
-        "v_worse": "MLA is higher, by more than the seed noise",
-    },
-}
 
 
 # ---------------------------------------------------------------- 1. build it
@@ -456,6 +345,121 @@ def figures(result, lang="zh"):
     ax2.set_ylim(bottom=0)
     fig2.suptitle(t["r_title"])
     return {"loss_vs_cache": fig, "rope_error": fig2}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "intro": "GQA/MQA 省的是字节，不是 FLOPs，正好打在解码的瓶颈上。MLA 更进一步：每个 token"
+                 " 只缓存一个小的潜向量 c_kv，各头的 K、V 都从它上投影出来。",
+        "build": "1. 搭起来：潜向量、上投影、只缓存 c_kv 和 k_rope",
+        "build_setup": "d = {d}，{H} 个头；d_c = {c}，每头 {n} 维 nope + {r} 维 RoPE，V {v} 维。"
+                       "参数（[in, out]）：",
+        "param": "参数", "shape": "形状", "role": "作用",
+        "r_wq": "查询：每头 nope 在前、rope 在后", "r_wkv_a": "压成潜向量，再加共享的 RoPE 键",
+        "r_kv_norm": "潜向量的 RMSNorm", "r_wkv_b": "上投影：每头 K-nope 和 V", "r_wo": "输出",
+        "cache": "预填 {T} 个 token 后，缓存里只有 c_kv {ckv} 和 k_rope {kr}：每层每 token "
+                 "{vals} 个值；同样 {H} 头、每头 {D} 维的 MHA 要存 {mha} 个（{x}×）。",
+        "absorb": "2. 吸收：把 W_UK 折进查询、W_UV 折进输出，直接在潜向量上做注意力",
+        "absorb_diff": "同一组输入（float64，上下文 {S}）：吸收式与朴素式输出的最大差 {d1}；"
+                       "一次 {T} 个查询、每行位置不同时 {d2}。",
+        "path": "解码路径", "flops": "FLOPs", "bytes": "读写字节", "time": "时间（本机）",
+        "naive": "朴素：从潜向量重算 K、V", "absorbed": "吸收：在潜向量上注意",
+        "absorb_note": "每层一个新 token、上下文 {S}、float32。朴素式每步要把 {S} 个潜向量上投影成"
+                       " K、V（写出再读回）；吸收式只读缓存和 wkv_b。",
+        "rope": "3. 为什么 RoPE 不能被吸收",
+        "rope_setup": "把 RoPE 直接加在上投影出的键上（不分出解耦部分），再把 W_UK 折进 W_Q："
+                      "两者之间的旋转 R(j−i) 取决于位置差，折好的矩阵里没有它。分数的误差"
+                      "（平均 |误差| / 真实分数的均方根）：",
+        "gap": "位置差", "err": "相对误差",
+        "decoupled": "解耦：nope 部分照样吸收，RoPE 键 k_rope 单独缓存（已旋转），分数精确："
+                     "与真实分数的最大差 {d}。代价是每 token 多存 {r} 个值（{c} → {cr}，+{p}）。",
+        "train": "4. 训练：参数量相当的 MHA、GQA、MQA、MLA",
+        "train_setup": "与演示 11 相同的任务（逐字符预测 Python 源码）与设置（Llama 式块、AdamW、"
+                       "预热加余弦），{n} 步，{k} 个种子；d = {d}，{H} 个头，{L} 层。d_ff 按设计"
+                       "调整，让参数量相当。",
+        "design": "设计", "kv": "K/V", "params": "参数", "cache_tok": "缓存值/token",
+        "cache_b": "字节/token", "loss": "{n} 步后的损失",
+        "obs_cache": "MLA 的缓存只有 c_kv 和 k_rope：每层每 token {vals} 个值，是同样头数 MHA "
+                     "的 1/{x}。",
+        "obs_absorb": "吸收式与朴素式算出同样的输出（最大差 {d}），但在上下文 {S} 时 FLOPs 少 "
+                      "{fx}×、读写字节少 {bx}×，本机快 {tx}×。",
+        "obs_rope": "把 W_UK 折进带 RoPE 的查询会出错：位置差 0 时误差 {e0}，位置差 {g1} 时已是 "
+                    "{e1}，位置差 {gm} 时 {em}——误差随位置差变大，位置差 ≥ {gp} 后停在 {plateau} "
+                    "左右（与分数本身一样大）。解耦的 RoPE 键让分数精确（{d}），只多存 {r} 个值/token。",
+        "obs_rank": "{n} 步后损失从低到高：{order}。",
+        "obs_noise": "{names} 与 MHA 的差别不超过种子之间的标准差（最大 {s}）：在这个规模上"
+                     "分不出好坏。",
+        "obs_noise_none": "每种设计与 MHA 的差别都超过种子之间的标准差（最大 {s}）。",
+        "obs_bytes": "每 token 的缓存字节从多到少：{order}；MLA 是 MHA 的 {share}。"
+                     "MLA 的损失 {lm}，MHA {lh}：{verdict}。",
+        "v_better": "MLA 比 MHA 低，且超出种子噪声",
+        "v_same": "两者之差在种子噪声之内",
+        "v_worse": "MLA 比 MHA 高，且超出种子噪声",
+    },
+    "en": {
+        "intro": "GQA/MQA save bytes, not FLOPs, which is exactly what decode is short of. MLA "
+                 "goes further: each token caches one small latent c_kv, from which every "
+                 "head's K and V are up-projected.",
+        "build": "1. Build it: the latent, the up-projections, a cache of c_kv and k_rope only",
+        "build_setup": "d = {d}, {H} heads; d_c = {c}, each head {n} nope + {r} RoPE "
+                       "channels, V {v}. Params ([in, out]):",
+        "param": "param", "shape": "shape", "role": "role",
+        "r_wq": "queries: each head nope first, then rope",
+        "r_wkv_a": "down to the latent, plus the shared RoPE key",
+        "r_kv_norm": "RMSNorm of the latent", "r_wkv_b": "up: each head's K-nope and V",
+        "r_wo": "output",
+        "cache": "After a prefill of {T} tokens the cache holds only c_kv {ckv} and k_rope "
+                 "{kr}: {vals} values per token per layer; MHA with the same {H} heads of {D} "
+                 "would store {mha} ({x}×).",
+        "absorb": "2. Absorb it: W_UK folded into the query, W_UV into the output, attention "
+                  "over the latent itself",
+        "absorb_diff": "Same inputs (float64, context {S}): absorbed against naive, max "
+                       "difference {d1}; {T} queries at once, rows at their own positions, {d2}.",
+        "path": "decode path", "flops": "FLOPs", "bytes": "bytes moved", "time": "time (here)",
+        "naive": "naive: K, V from the latent", "absorbed": "absorbed: attend the latent",
+        "absorb_note": "One new token per layer at context {S}, float32. The naive path "
+                       "up-projects all {S} latents to K and V every step (written, then read "
+                       "back); the absorbed one reads only the cache and wkv_b.",
+        "rope": "3. Why RoPE cannot be absorbed",
+        "rope_setup": "Put RoPE on the up-projected key itself (no decoupled part) and fold "
+                      "W_UK into W_Q: the rotation R(j−i) between them depends on the position "
+                      "gap, and the folded matrix has none. Error of the scores (mean |error| "
+                      "over the RMS of the true scores):",
+        "gap": "position gap", "err": "relative error",
+        "decoupled": "Decoupled: the nope part absorbs as before, the RoPE key k_rope is cached "
+                     "on its own (rotated), and the scores are exact: max difference {d} from "
+                     "the true ones. The price: {r} more values per token ({c} → {cr}, +{p}).",
+        "train": "4. Train it: MHA, GQA, MQA and MLA at about equal parameter counts",
+        "train_setup": "Demo 11's task (Python source, character by character) and setup "
+                       "(Llama-style block, AdamW, warmup then cosine), {n} steps, {k} seeds; "
+                       "d = {d}, {H} heads, {L} layers. d_ff varies by design to keep the "
+                       "parameter counts about equal.",
+        "design": "design", "kv": "K/V", "params": "params", "cache_tok": "cached/token",
+        "cache_b": "bytes/token", "loss": "loss at {n}",
+        "obs_cache": "MLA caches only c_kv and k_rope: {vals} values per token per layer, 1/{x} "
+                     "of MHA's with as many heads.",
+        "obs_absorb": "The absorbed and the naive form compute the same outputs (max difference "
+                      "{d}), but at context {S} the absorbed one does {fx}× fewer FLOPs, moves "
+                      "{bx}× fewer bytes and runs {tx}× faster here.",
+        "obs_rope": "Folding W_UK into a rotated query goes wrong: the error is {e0} at gap 0, "
+                    "already {e1} at gap {g1} and {em} at gap {gm}: it grows with the position "
+                    "gap, and from gap {gp} on it stays around {plateau}, as large as the "
+                    "scores themselves. The decoupled RoPE key keeps the scores exact ({d}) "
+                    "for {r} more values per token.",
+        "obs_rank": "Loss after {n} steps, lowest first: {order}.",
+        "obs_noise": "{names} differ from MHA by no more than the spread between seeds (std up "
+                     "to {s}): at this scale the measurement cannot tell them apart.",
+        "obs_noise_none": "Every design differs from MHA by more than the spread between seeds "
+                          "(std up to {s}).",
+        "obs_bytes": "Cache bytes per token, most first: {order}; MLA's are {share} of "
+                     "MHA's. MLA's loss is {lm}, MHA's {lh}: {verdict}.",
+        "v_better": "MLA is lower, by more than the seed noise",
+        "v_same": "the difference is inside the seed noise",
+        "v_worse": "MLA is higher, by more than the seed noise",
+    },
+}
 
 
 if __name__ == "__main__":

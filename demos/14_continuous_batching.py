@@ -52,177 +52,6 @@ REPLAYS, QUICK_REPLAYS = 2, 1  # runs of each replay; the least disturbed (short
 BATCHINGS = ("none", "static", "continuous")
 
 TITLE = {"zh": "连续批处理：静态批对迭代级调度", "en": "Continuous batching vs static batches"}
-TEXT = {
-    "zh": {
-        "setup": "随机初始化的 Llama 式小模型（float32，{L} 层，d={d}，词表 {V}）。负载：{n} 个"
-                 "请求，提示长度 {p0}–{p1}，输出长度均值 {om}（最短 {omin}，最长 {omax}），"
-                 "固定种子抽取，全部在 t=0 到达。BLAS 单线程。",
-        "head": "同一负载，两种批处理（批大小 / max_num_seqs = {B}）",
-        "method": "方法", "tput": "吞吐 tok/s", "wall": "总用时",
-        "ttft50": "TTFT p50", "ttft99": "TTFT p99", "tpot50": "TPOT p50", "tpot99": "TPOT p99",
-        "static": "静态批", "continuous": "连续批",
-        "waste": "静态批浪费的槽位",
-        "kind": "部分", "slots": "槽位", "useful": "有用", "wasted": "浪费", "share": "占比",
-        "decode_slots": "解码：已结束的序列", "prefill_slots": "预填充：补齐",
-        "waste_note": "一个批按最长的输出跑 max(out) 步，每步占 B 个槽位；提示补齐到批内最长。",
-        "engine_count": "引擎只计算真实 token：预填充 {pf} 个（提示共 {pt} 个），解码 {dc} 个"
-                        "（输出共 {ot} 个，每个请求的最后一个 token 不再回喂）。",
-        "sweep": "吞吐对 max_num_seqs（同一负载）",
-        "mns": "max_num_seqs", "steps": "步数", "gain": "对 1 的倍数",
-        "step_cost": "一个纯解码步的实测用时（每序列上下文 {T}，{k} 步中最快的一步）",
-        "B": "B", "step": "一步", "per_tok": "每 token", "ratio": "相对 B=1", "vs_B": "B 个单步",
-        "inv": "批不变性：同一提示，{n} 次运行，每次批伙伴不同（float32，贪心，{t} 个 token）",
-        "mode": "batch_invariant", "tok_diff": "输出不同", "bit_diff": "logits 有位差",
-        "max_diff": "最大 logit 差", "margin": "最小 top-2 差距",
-        "obs_tput": "同一负载上，连续批的吞吐是静态批的 {x} 倍（{c} 对 {s} tok/s，实测）；"
-                    "{ttft}",
-        "obs_tput_lower": "同一负载上，这次连续批的吞吐只有静态批的 {x} 倍（{c} 对 {s} tok/s，"
-                          "实测），不升反降；{ttft}",
-        "ttft_better": "TTFT 的 p50 从 {s50} 降到 {c50}：静态批里后面的请求要等前面整批跑完才"
-                       "开始，连续批一有空位就接纳新请求。",
-        "ttft_worse": "但 TTFT 的 p50 没有变好（{s50} 对 {c50}）。",
-        "obs_waste": "静态批的解码槽位有 {dshare} 花在已经结束的序列上（{dw}/{ds}），提示补齐"
-                     "又占了预填充槽位的 {pshare}；连续批没有补齐，一个序列结束的下一步就换上"
-                     "新请求。",
-        "obs_tpot_worse": "代价在 TPOT：连续批的 p50 是 {c}，静态批是 {s}。引擎的解码步里还夹着"
-                          "新请求的预填充块，正在生成的请求每一步都更慢；静态批把预填充集中在批"
-                          "的开头一次付清。",
-        "obs_tpot_same": "TPOT 的 p50：连续批 {c}，静态批 {s}。",
-        "obs_sweep": "吞吐随 max_num_seqs 上升：1 时 {t1} tok/s，本次最高是 {bpeak} 时的 {tpeak} "
-                     "tok/s（{g} 倍）。",
-        "obs_step": "原因在每一步的成本：B={B} 的一步实测 {sB}，只是 B=1 一步（{s1}）的 {r} "
-                    "倍，而不是 {B} 倍；一步要把全部权重（{wb}B）读一遍、还有固定的调度开销，这些由批"
-                    "里所有序列分摊，所以每 token 的成本从 {p1} 降到 {pB}。",
-        "obs_step_linear": "这次测得 B={B} 的一步 {sB}，是 B=1 一步（{s1}）的 {r} 倍，没有明显"
-                           "低于 {B} 倍：机器太忙，步长测不准，无法据此解释吞吐的提升。",
-        "obs_inv_flip": "batch_invariant=False：{n} 次运行中 {bits} 次的 logits 与单独运行有位差"
-                        "（最大 {md}），{toks} 次输出不同；batch_invariant=True：位差 {bits_t} 次、"
-                        "输出不同 {toks_t} 次。",
-        "obs_inv_noflip": "batch_invariant=False：{n} 次运行中 {bits} 次的 logits 与单独运行有位差"
-                          "（最大 {md}），但最小的 top-2 差距是 {mg}，是它的 {ratio} 倍，所以这次贪心"
-                          "输出都没变（{toks} 次不同）；差距小于位差的地方，token 就会翻转。"
-                          "batch_invariant=True：位差 {bits_t} 次、输出不同 {toks_t} 次。",
-        "obs_inv_why": "位差来自 BLAS 按矩阵形状选内核和分块：批伙伴改变了行数，同一行的乘积"
-                       "累加顺序就变了。batch_invariant=True 把每个乘积固定为 {rows} 行一块，"
-                       "注意力按每个序列自己的 key 计算，一行的结果就与批伙伴无关。",
-        "online": "延迟对请求率：同一负载按泊松过程到达（在引擎自己的时钟上重放）",
-        "online_note": "一次只服务一个请求时，整份负载用了 {busy}，即最多 {mu} 请求/秒；请求率"
-                       "取它的 {factors} 倍。每一步让时钟前进它实测的用时。",
-        "rate": "请求/秒", "batching": "批处理", "out_tput": "输出 tok/s",
-        "b_none": "一次一个", "b_static": "静态批", "b_continuous": "连续批",
-        "obs_online_queue": "一次一个请求最多每秒服务 {mu} 个请求（平均每个 {alone}）；请求率到 "
-                            "{r} 请求/秒时，它的 TTFT p99 是 {n99}，是单个请求用时的 {q} 倍，连续批"
-                            "是 {c99}：超过容量以后，请求的时间大多花在排队上。",
-        "obs_online_tput": "在最高请求率 {r} 请求/秒下，连续批每秒输出 {ct} 个 token，是一次一个"
-                           "（{nt}）的 {x} 倍；一次一个的速度有上限，就是请求首尾相接时的速度，"
-                           "再多的请求只会让队伍更长。",
-        "obs_online_static": "静态批在同一请求率下 TTFT p99 为 {s99}：新请求要等整批跑完才能进入，"
-                             "连续批在下一步就接纳它。",
-        "obs_online_static_ok": "静态批在同一请求率下 TTFT p99 为 {s99}，这次没有比连续批"
-                                "（{c99}）更差：一次到达轨迹上的 p99 取决于少数几个请求。",
-    },
-    "en": {
-        "setup": "A small random Llama-style model (float32, {L} layers, d={d}, vocab {V}). "
-                 "Workload: {n} requests, prompts of {p0}–{p1} tokens, outputs of mean "
-                 "{om} tokens (shortest {omin}, longest {omax}), drawn with a fixed seed, all "
-                 "arriving at t=0. One BLAS thread.",
-        "head": "One workload, two ways to batch it (batch size / max_num_seqs = {B})",
-        "method": "method", "tput": "tok/s", "wall": "wall",
-        "ttft50": "TTFT p50", "ttft99": "TTFT p99", "tpot50": "TPOT p50", "tpot99": "TPOT p99",
-        "static": "static", "continuous": "continuous",
-        "waste": "The slots static batching wastes",
-        "kind": "part", "slots": "slots", "useful": "useful", "wasted": "wasted", "share": "share",
-        "decode_slots": "decode: finished seqs", "prefill_slots": "prefill: padding",
-        "waste_note": "A batch runs max(out) steps of B slots each; its prompts are padded to "
-                      "the longest.",
-        "engine_count": "The engine computes real tokens only: {pf} prefill (the prompts hold "
-                        "{pt}), {dc} decode (the outputs hold {ot}; a request's last token is "
-                        "never fed back).",
-        "sweep": "Throughput against max_num_seqs (the same workload)",
-        "mns": "max_num_seqs", "steps": "steps", "gain": "× vs 1",
-        "step_cost": "A pure decode step, measured (context {T} per sequence, fastest of {k})",
-        "B": "B", "step": "step", "per_tok": "per token", "ratio": "vs B=1", "vs_B": "B single",
-        "inv": "Batch invariance: one prompt, {n} runs, new batch-mates each time (float32, "
-               "greedy, {t} tokens)",
-        "mode": "invariant", "tok_diff": "output differs", "bit_diff": "logits differ",
-        "max_diff": "max logit diff", "margin": "min top-2 gap",
-        "obs_tput": "On the same workload continuous batching delivers {x}× the throughput of "
-                    "static batches ({c} vs {s} tok/s, measured); {ttft}",
-        "obs_tput_lower": "On the same workload continuous batching delivered only {x}× the "
-                          "throughput of static batches in this run ({c} vs {s} tok/s, "
-                          "measured): less, not more; {ttft}",
-        "ttft_better": "the TTFT p50 falls from {s50} to {c50}: in static batching a later "
-                       "request waits for whole earlier batches, the engine admits one as soon "
-                       "as a slot frees.",
-        "ttft_worse": "the TTFT p50, though, is no better ({s50} vs {c50}).",
-        "obs_waste": "Static batching spends {dshare} of its decode slots on sequences that have "
-                     "already finished ({dw} of {ds}), and padding takes {pshare} of its prefill "
-                     "slots; the engine pads nothing and fills a finished sequence's slot on the "
-                     "next step.",
-        "obs_tpot_worse": "The price is in TPOT: its p50 is {c} with continuous batching "
-                          "against {s} with static batches. The engine's decode steps also "
-                          "carry newcomers' prefill chunks, so every step of a running request "
-                          "is slower; a static batch pays its prefill once, up front.",
-        "obs_tpot_same": "TPOT p50: {c} with continuous batching, {s} with static batches.",
-        "obs_sweep": "Throughput rises with max_num_seqs: {t1} tok/s at 1, the most this run "
-                     "{tpeak} tok/s at {bpeak} ({g}×).",
-        "obs_step": "The reason is the cost of a step: a step of B={B} measured {sB}, only {r}× "
-                    "a step of one ({s1}), not {B}×; a step reads every weight once ({wb}B) and "
-                    "pays a "
-                    "fixed scheduling overhead whatever B, shared by the whole batch, so a token "
-                    "costs {pB} instead of {p1}.",
-        "obs_step_linear": "This run measured a step of B={B} at {sB}, {r}× a step of one "
-                           "({s1}), not clearly below {B}×: the machine was too busy to time "
-                           "the steps, so they cannot explain the gain here.",
-        "obs_inv_flip": "batch_invariant=False: {bits} of {n} runs have logits that differ in "
-                        "their bits from the run alone (up to {md}), and {toks} change the "
-                        "output; batch_invariant=True: {bits_t} and {toks_t}.",
-        "obs_inv_noflip": "batch_invariant=False: {bits} of {n} runs have logits that differ in "
-                          "their bits from the run alone (up to {md}), but the smallest top-2 gap "
-                          "was {mg}, {ratio}× larger, so no greedy pick flipped this time ({toks} "
-                          "outputs differ); wherever a gap is smaller than the difference, a "
-                          "token flips. batch_invariant=True: {bits_t} runs differ in bits, "
-                          "{toks_t} in output.",
-        "obs_inv_why": "The bits move because BLAS picks its kernel and blocking by the matrix "
-                       "shape: batch-mates change the row count, and with it the order a row's "
-                       "products are summed in. batch_invariant=True runs every product in "
-                       "blocks of exactly {rows} rows and attention over each sequence's own "
-                       "keys, so a row's result no longer depends on its batch-mates.",
-        "online": "Latency against request rate: the workload arriving as a Poisson stream "
-                  "(replayed on the engine's own clock)",
-        "online_note": "One request at a time took {busy} for the whole workload, so it can "
-                       "serve at most {mu} requests/s; the rates are {factors}× that. Each step "
-                       "moves the clock on by the time it measured.",
-        "rate": "req/s", "batching": "batching", "out_tput": "output tok/s",
-        "b_none": "one at a time", "b_static": "static", "b_continuous": "continuous",
-        "obs_online_queue": "One request at a time can serve at most {mu} requests/s ({alone} "
-                            "a request on average); at {r} requests/s its TTFT p99 is {n99}, "
-                            "{q}× that, against {c99} for continuous batching: past its "
-                            "capacity a request spends most of its time in the queue.",
-        "obs_online_tput": "At the highest rate, {r} requests/s, continuous batching outputs {ct} "
-                           "tokens/s, {x}× one request at a time ({nt}), which can go no faster "
-                           "than it does with requests back to back: more requests only "
-                           "lengthen its queue.",
-        "obs_online_static": "Static batching's TTFT p99 at that rate is {s99}: a newcomer waits "
-                             "for the whole running batch to finish, where the engine admits it "
-                             "at the next step.",
-        "obs_online_static_ok": "Static batching's TTFT p99 at that rate is {s99}, no worse than "
-                                "continuous batching's ({c99}) in this run: on one arrival "
-                                "trace the p99 rests on a few requests.",
-    },
-}
-FIG_TEXT = {
-    "zh": {"title": "吞吐对 max_num_seqs（实测）", "x": "max_num_seqs", "y": "生成 token/s",
-           "engine": "连续批（引擎）", "static": "静态批，B={B}",
-           "lat_title": "延迟与吞吐对请求率（实测，引擎时钟）", "rate": "请求率（请求/秒）",
-           "ttft": "TTFT p99（秒）", "tput": "输出 token/s",
-           "b_none": "一次一个", "b_static": "静态批", "b_continuous": "连续批"},
-    "en": {"title": "Throughput against max_num_seqs (measured)", "x": "max_num_seqs",
-           "y": "generated tokens/s", "engine": "continuous (engine)", "static": "static, B={B}",
-           "lat_title": "Latency and throughput against request rate (measured, engine clock)",
-           "rate": "request rate (requests/s)", "ttft": "TTFT p99 (s)", "tput": "output tokens/s",
-           "b_none": "one at a time", "b_static": "static", "b_continuous": "continuous"},
-}
 
 
 # ---------------------------------------------------------------- the model and the workload
@@ -604,6 +433,182 @@ def latency_figure(result, t):
     left.legend()
     fig.suptitle(t["lat_title"])
     return fig
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "随机初始化的 Llama 式小模型（float32，{L} 层，d={d}，词表 {V}）。负载：{n} 个"
+                 "请求，提示长度 {p0}–{p1}，输出长度均值 {om}（最短 {omin}，最长 {omax}），"
+                 "固定种子抽取，全部在 t=0 到达。BLAS 单线程。",
+        "head": "同一负载，两种批处理（批大小 / max_num_seqs = {B}）",
+        "method": "方法", "tput": "吞吐 tok/s", "wall": "总用时",
+        "ttft50": "TTFT p50", "ttft99": "TTFT p99", "tpot50": "TPOT p50", "tpot99": "TPOT p99",
+        "static": "静态批", "continuous": "连续批",
+        "waste": "静态批浪费的槽位",
+        "kind": "部分", "slots": "槽位", "useful": "有用", "wasted": "浪费", "share": "占比",
+        "decode_slots": "解码：已结束的序列", "prefill_slots": "预填充：补齐",
+        "waste_note": "一个批按最长的输出跑 max(out) 步，每步占 B 个槽位；提示补齐到批内最长。",
+        "engine_count": "引擎只计算真实 token：预填充 {pf} 个（提示共 {pt} 个），解码 {dc} 个"
+                        "（输出共 {ot} 个，每个请求的最后一个 token 不再回喂）。",
+        "sweep": "吞吐对 max_num_seqs（同一负载）",
+        "mns": "max_num_seqs", "steps": "步数", "gain": "对 1 的倍数",
+        "step_cost": "一个纯解码步的实测用时（每序列上下文 {T}，{k} 步中最快的一步）",
+        "B": "B", "step": "一步", "per_tok": "每 token", "ratio": "相对 B=1", "vs_B": "B 个单步",
+        "inv": "批不变性：同一提示，{n} 次运行，每次批伙伴不同（float32，贪心，{t} 个 token）",
+        "mode": "batch_invariant", "tok_diff": "输出不同", "bit_diff": "logits 有位差",
+        "max_diff": "最大 logit 差", "margin": "最小 top-2 差距",
+        "obs_tput": "同一负载上，连续批的吞吐是静态批的 {x} 倍（{c} 对 {s} tok/s，实测）；"
+                    "{ttft}",
+        "obs_tput_lower": "同一负载上，这次连续批的吞吐只有静态批的 {x} 倍（{c} 对 {s} tok/s，"
+                          "实测），不升反降；{ttft}",
+        "ttft_better": "TTFT 的 p50 从 {s50} 降到 {c50}：静态批里后面的请求要等前面整批跑完才"
+                       "开始，连续批一有空位就接纳新请求。",
+        "ttft_worse": "但 TTFT 的 p50 没有变好（{s50} 对 {c50}）。",
+        "obs_waste": "静态批的解码槽位有 {dshare} 花在已经结束的序列上（{dw}/{ds}），提示补齐"
+                     "又占了预填充槽位的 {pshare}；连续批没有补齐，一个序列结束的下一步就换上"
+                     "新请求。",
+        "obs_tpot_worse": "代价在 TPOT：连续批的 p50 是 {c}，静态批是 {s}。引擎的解码步里还夹着"
+                          "新请求的预填充块，正在生成的请求每一步都更慢；静态批把预填充集中在批"
+                          "的开头一次付清。",
+        "obs_tpot_same": "TPOT 的 p50：连续批 {c}，静态批 {s}。",
+        "obs_sweep": "吞吐随 max_num_seqs 上升：1 时 {t1} tok/s，本次最高是 {bpeak} 时的 {tpeak} "
+                     "tok/s（{g} 倍）。",
+        "obs_step": "原因在每一步的成本：B={B} 的一步实测 {sB}，只是 B=1 一步（{s1}）的 {r} "
+                    "倍，而不是 {B} 倍；一步要把全部权重（{wb}B）读一遍、还有固定的调度开销，这些由批"
+                    "里所有序列分摊，所以每 token 的成本从 {p1} 降到 {pB}。",
+        "obs_step_linear": "这次测得 B={B} 的一步 {sB}，是 B=1 一步（{s1}）的 {r} 倍，没有明显"
+                           "低于 {B} 倍：机器太忙，步长测不准，无法据此解释吞吐的提升。",
+        "obs_inv_flip": "batch_invariant=False：{n} 次运行中 {bits} 次的 logits 与单独运行有位差"
+                        "（最大 {md}），{toks} 次输出不同；batch_invariant=True：位差 {bits_t} 次、"
+                        "输出不同 {toks_t} 次。",
+        "obs_inv_noflip": "batch_invariant=False：{n} 次运行中 {bits} 次的 logits 与单独运行有位差"
+                          "（最大 {md}），但最小的 top-2 差距是 {mg}，是它的 {ratio} 倍，所以这次贪心"
+                          "输出都没变（{toks} 次不同）；差距小于位差的地方，token 就会翻转。"
+                          "batch_invariant=True：位差 {bits_t} 次、输出不同 {toks_t} 次。",
+        "obs_inv_why": "位差来自 BLAS 按矩阵形状选内核和分块：批伙伴改变了行数，同一行的乘积"
+                       "累加顺序就变了。batch_invariant=True 把每个乘积固定为 {rows} 行一块，"
+                       "注意力按每个序列自己的 key 计算，一行的结果就与批伙伴无关。",
+        "online": "延迟对请求率：同一负载按泊松过程到达（在引擎自己的时钟上重放）",
+        "online_note": "一次只服务一个请求时，整份负载用了 {busy}，即最多 {mu} 请求/秒；请求率"
+                       "取它的 {factors} 倍。每一步让时钟前进它实测的用时。",
+        "rate": "请求/秒", "batching": "批处理", "out_tput": "输出 tok/s",
+        "b_none": "一次一个", "b_static": "静态批", "b_continuous": "连续批",
+        "obs_online_queue": "一次一个请求最多每秒服务 {mu} 个请求（平均每个 {alone}）；请求率到 "
+                            "{r} 请求/秒时，它的 TTFT p99 是 {n99}，是单个请求用时的 {q} 倍，连续批"
+                            "是 {c99}：超过容量以后，请求的时间大多花在排队上。",
+        "obs_online_tput": "在最高请求率 {r} 请求/秒下，连续批每秒输出 {ct} 个 token，是一次一个"
+                           "（{nt}）的 {x} 倍；一次一个的速度有上限，就是请求首尾相接时的速度，"
+                           "再多的请求只会让队伍更长。",
+        "obs_online_static": "静态批在同一请求率下 TTFT p99 为 {s99}：新请求要等整批跑完才能进入，"
+                             "连续批在下一步就接纳它。",
+        "obs_online_static_ok": "静态批在同一请求率下 TTFT p99 为 {s99}，这次没有比连续批"
+                                "（{c99}）更差：一次到达轨迹上的 p99 取决于少数几个请求。",
+    },
+    "en": {
+        "setup": "A small random Llama-style model (float32, {L} layers, d={d}, vocab {V}). "
+                 "Workload: {n} requests, prompts of {p0}–{p1} tokens, outputs of mean "
+                 "{om} tokens (shortest {omin}, longest {omax}), drawn with a fixed seed, all "
+                 "arriving at t=0. One BLAS thread.",
+        "head": "One workload, two ways to batch it (batch size / max_num_seqs = {B})",
+        "method": "method", "tput": "tok/s", "wall": "wall",
+        "ttft50": "TTFT p50", "ttft99": "TTFT p99", "tpot50": "TPOT p50", "tpot99": "TPOT p99",
+        "static": "static", "continuous": "continuous",
+        "waste": "The slots static batching wastes",
+        "kind": "part", "slots": "slots", "useful": "useful", "wasted": "wasted", "share": "share",
+        "decode_slots": "decode: finished seqs", "prefill_slots": "prefill: padding",
+        "waste_note": "A batch runs max(out) steps of B slots each; its prompts are padded to "
+                      "the longest.",
+        "engine_count": "The engine computes real tokens only: {pf} prefill (the prompts hold "
+                        "{pt}), {dc} decode (the outputs hold {ot}; a request's last token is "
+                        "never fed back).",
+        "sweep": "Throughput against max_num_seqs (the same workload)",
+        "mns": "max_num_seqs", "steps": "steps", "gain": "× vs 1",
+        "step_cost": "A pure decode step, measured (context {T} per sequence, fastest of {k})",
+        "B": "B", "step": "step", "per_tok": "per token", "ratio": "vs B=1", "vs_B": "B single",
+        "inv": "Batch invariance: one prompt, {n} runs, new batch-mates each time (float32, "
+               "greedy, {t} tokens)",
+        "mode": "invariant", "tok_diff": "output differs", "bit_diff": "logits differ",
+        "max_diff": "max logit diff", "margin": "min top-2 gap",
+        "obs_tput": "On the same workload continuous batching delivers {x}× the throughput of "
+                    "static batches ({c} vs {s} tok/s, measured); {ttft}",
+        "obs_tput_lower": "On the same workload continuous batching delivered only {x}× the "
+                          "throughput of static batches in this run ({c} vs {s} tok/s, "
+                          "measured): less, not more; {ttft}",
+        "ttft_better": "the TTFT p50 falls from {s50} to {c50}: in static batching a later "
+                       "request waits for whole earlier batches, the engine admits one as soon "
+                       "as a slot frees.",
+        "ttft_worse": "the TTFT p50, though, is no better ({s50} vs {c50}).",
+        "obs_waste": "Static batching spends {dshare} of its decode slots on sequences that have "
+                     "already finished ({dw} of {ds}), and padding takes {pshare} of its prefill "
+                     "slots; the engine pads nothing and fills a finished sequence's slot on the "
+                     "next step.",
+        "obs_tpot_worse": "The price is in TPOT: its p50 is {c} with continuous batching "
+                          "against {s} with static batches. The engine's decode steps also "
+                          "carry newcomers' prefill chunks, so every step of a running request "
+                          "is slower; a static batch pays its prefill once, up front.",
+        "obs_tpot_same": "TPOT p50: {c} with continuous batching, {s} with static batches.",
+        "obs_sweep": "Throughput rises with max_num_seqs: {t1} tok/s at 1, the most this run "
+                     "{tpeak} tok/s at {bpeak} ({g}×).",
+        "obs_step": "The reason is the cost of a step: a step of B={B} measured {sB}, only {r}× "
+                    "a step of one ({s1}), not {B}×; a step reads every weight once ({wb}B) and "
+                    "pays a "
+                    "fixed scheduling overhead whatever B, shared by the whole batch, so a token "
+                    "costs {pB} instead of {p1}.",
+        "obs_step_linear": "This run measured a step of B={B} at {sB}, {r}× a step of one "
+                           "({s1}), not clearly below {B}×: the machine was too busy to time "
+                           "the steps, so they cannot explain the gain here.",
+        "obs_inv_flip": "batch_invariant=False: {bits} of {n} runs have logits that differ in "
+                        "their bits from the run alone (up to {md}), and {toks} change the "
+                        "output; batch_invariant=True: {bits_t} and {toks_t}.",
+        "obs_inv_noflip": "batch_invariant=False: {bits} of {n} runs have logits that differ in "
+                          "their bits from the run alone (up to {md}), but the smallest top-2 gap "
+                          "was {mg}, {ratio}× larger, so no greedy pick flipped this time ({toks} "
+                          "outputs differ); wherever a gap is smaller than the difference, a "
+                          "token flips. batch_invariant=True: {bits_t} runs differ in bits, "
+                          "{toks_t} in output.",
+        "obs_inv_why": "The bits move because BLAS picks its kernel and blocking by the matrix "
+                       "shape: batch-mates change the row count, and with it the order a row's "
+                       "products are summed in. batch_invariant=True runs every product in "
+                       "blocks of exactly {rows} rows and attention over each sequence's own "
+                       "keys, so a row's result no longer depends on its batch-mates.",
+        "online": "Latency against request rate: the workload arriving as a Poisson stream "
+                  "(replayed on the engine's own clock)",
+        "online_note": "One request at a time took {busy} for the whole workload, so it can "
+                       "serve at most {mu} requests/s; the rates are {factors}× that. Each step "
+                       "moves the clock on by the time it measured.",
+        "rate": "req/s", "batching": "batching", "out_tput": "output tok/s",
+        "b_none": "one at a time", "b_static": "static", "b_continuous": "continuous",
+        "obs_online_queue": "One request at a time can serve at most {mu} requests/s ({alone} "
+                            "a request on average); at {r} requests/s its TTFT p99 is {n99}, "
+                            "{q}× that, against {c99} for continuous batching: past its "
+                            "capacity a request spends most of its time in the queue.",
+        "obs_online_tput": "At the highest rate, {r} requests/s, continuous batching outputs {ct} "
+                           "tokens/s, {x}× one request at a time ({nt}), which can go no faster "
+                           "than it does with requests back to back: more requests only "
+                           "lengthen its queue.",
+        "obs_online_static": "Static batching's TTFT p99 at that rate is {s99}: a newcomer waits "
+                             "for the whole running batch to finish, where the engine admits it "
+                             "at the next step.",
+        "obs_online_static_ok": "Static batching's TTFT p99 at that rate is {s99}, no worse than "
+                                "continuous batching's ({c99}) in this run: on one arrival "
+                                "trace the p99 rests on a few requests.",
+    },
+}
+
+FIG_TEXT = {
+    "zh": {"title": "吞吐对 max_num_seqs（实测）", "x": "max_num_seqs", "y": "生成 token/s",
+           "engine": "连续批（引擎）", "static": "静态批，B={B}",
+           "lat_title": "延迟与吞吐对请求率（实测，引擎时钟）", "rate": "请求率（请求/秒）",
+           "ttft": "TTFT p99（秒）", "tput": "输出 token/s",
+           "b_none": "一次一个", "b_static": "静态批", "b_continuous": "连续批"},
+    "en": {"title": "Throughput against max_num_seqs (measured)", "x": "max_num_seqs",
+           "y": "generated tokens/s", "engine": "continuous (engine)", "static": "static, B={B}",
+           "lat_title": "Latency and throughput against request rate (measured, engine clock)",
+           "rate": "request rate (requests/s)", "ttft": "TTFT p99 (s)", "tput": "output tokens/s",
+           "b_none": "one at a time", "b_static": "static", "b_continuous": "continuous"},
+}
 
 
 if __name__ == "__main__":

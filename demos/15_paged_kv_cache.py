@@ -45,124 +45,7 @@ PREFIX_OUT = 4
 PRE_REQUESTS, PRE_PROMPT, PRE_OUT, PRE_BLOCKS = 8, 20, 40, 12
 
 TITLE = {"zh": "分页 KV 缓存与前缀缓存", "en": "The paged KV cache and prefix caching"}
-TEXT = {
-    "zh": {
-        "setup": "随机初始化的 Llama 式小模型（{L} 层，d={d}，max_seq={S}），每个 token 的 K/V"
-                 "（所有层）占 {bpt} 字节（float32）。块大小 {bs}。",
-        "mem": "1. 连续预留对分页：{n} 个请求（提示 {p0}–{p1}，输出均值 {om}），峰值时刻",
-        "design": "设计", "slots": "占用槽位", "held": "其中真实 token", "waste": "浪费",
-        "bytes": "字节",
-        "contig": "连续：每序列 max_seq", "exact": "连续：提示+max_tokens", "paged": "分页：块",
-        "mem_note": "峰值时刻（分页块数最多的一步之后）有 {r} 个序列在运行，共持有 {t} 个 token "
-                    "的 K/V。",
-        "fit": "同样的内存（{k} 个 max_seq 预留 = {blocks} 块）里能同时跑几个序列",
-        "fit_design": "设计", "fit_max": "一步最多", "fit_mean": "每步平均", "pre": "抢占",
-        "pic": "2. 两个共享前缀的序列的块表（块大小 {bs}，共享前缀 {p} 个 token）",
-        "logical": "逻辑块", "seq": "序列 {name}", "ref": "引用数", "tokens": "token 位置",
-        "shared": "共享", "pic_note": "物理块号后的 * 表示共享块。A 有 {la} 个 token，B 有 {lb} "
-                                      "个；B 的前 {hit} 个 token 命中前缀缓存。",
-        "prefix": "3. 前缀缓存：{n} 个请求共享 {s} 个 token 的系统提示，用户部分 {u0}–{u1} 个 "
-                  "token，各生成 {o} 个",
-        "pc": "前缀缓存", "on": "开", "off": "关", "hit": "命中率", "computed": "预填充计算",
-        "ttft50": "TTFT p50", "ttft_max": "TTFT 最大", "wall": "总用时",
-        "preempt": "4. 小池子里的抢占：{n} 个请求（提示 {p}，生成 {o}），{small} 块对 {big} 块"
-                   "（float64）",
-        "pool": "池子", "blocks": "块数", "steps": "步数", "recomputed": "重算 token",
-        "same": "输出与大池子相同", "small": "小", "big": "大", "yes": "是", "no": "否",
-        "obs_waste": "峰值时刻 {r} 个序列真正持有 {t} 个 token：按 max_seq 连续预留要 {c} 个槽位，"
-                     "{cw} 浪费；按提示+max_tokens 预留要 {e} 个，{ew} 浪费；分页只占 {p} 个"
-                     "（{pb} 块），{pw} 浪费，每个序列最多空着最后一块里的 {bm} 个槽位。",
-        "obs_fit": "在 {k} 个 max_seq 预留的内存（{blocks} 块）里，连续预留最多同时跑 {k} 个序列"
-                   "（每步平均 {cmean} 个，{cs} 步跑完）；分页引擎一步最多跑了 {m} 个，是 {x} 倍"
-                   "（每步平均 {mean} 个，{s} 步跑完{pre}）。",
-        "obs_fit_pre": "，期间抢占 {p} 次",
-        "obs_pic": "A 和 B 的前 {n} 个逻辑块指向同样的物理块 {ids}，引用数为 2，只存一份；共享的"
-                   "是完整的块：前缀的最后 {rest} 个 token 所在的块没有写满，B 自己算了一遍。之后"
-                   "每个序列只在写满一块时才拿新块，所以两者交替解码时物理块号是交错的"
-                   "（A：{ta}；B：{tb}）。",
-        "obs_hit": "前缀缓存的命中率 {rate}（{h}/{q} 个 token），预填充只算了 {con} 个 token，"
-                   "不开时要算 {coff} 个（{x} 倍）；TTFT 的 p50 从 {t_off} 降到 {t_on}（实测）。",
-        "obs_hit_slow": "前缀缓存的命中率 {rate}（{h}/{q} 个 token），预填充只算了 {con} 个 token，"
-                        "不开时要算 {coff} 个（{x} 倍）；但这次实测的 TTFT p50 没有变好"
-                        "（{t_off} 对 {t_on}），机器太忙。",
-        "obs_pre": "{small} 块的小池子里发生了 {p} 次抢占：被抢占的序列释放全部块，之后把提示和"
-                   "已生成的 token 重新预填充（重算了 {rc} 个 token，另有 {hits} 个命中它留在前缀缓存里的块；"
-                   "多用了 {ds} 步）；{same}",
-        "obs_pre_same": "{n} 个输出与 {big} 块大池子的逐 token 相同。这里用 float64，重算时不同的"
-                        "累加顺序带来的差异小到不足以翻转贪心选择；float32 下接近平局处就可能翻转"
-                        "（见演示 14）。",
-        "fit_note": "“连续”一行是引擎限定 max_num_seqs={k}：{k} 个 max_seq 预留最多容纳这么多序列。",
-        "obs_pre_diff": "但 {d} 个输出与大池子的不同。",
-    },
-    "en": {
-        "setup": "A small random Llama-style model ({L} layers, d={d}, max_seq={S}); a token's "
-                 "K/V take {bpt} bytes over all layers (float32). Blocks of {bs}.",
-        "mem": "1. Contiguous reservations vs pages: {n} requests (prompts {p0}–{p1}, outputs "
-               "of mean {om}), at the peak",
-        "design": "design", "slots": "slots held", "held": "of them real", "waste": "waste",
-        "bytes": "bytes",
-        "contig": "contiguous: max_seq each", "exact": "contiguous: prompt+max_tok",
-        "paged": "paged: blocks",
-        "mem_note": "At the peak (after the step with the most blocks in use) {r} sequences run, "
-                    "holding the K/V of {t} tokens.",
-        "fit": "How many sequences run at once in the same memory ({k} max_seq reservations = "
-               "{blocks} blocks)",
-        "fit_design": "design", "fit_max": "most in a step", "fit_mean": "mean per step",
-        "pre": "preempted",
-        "pic": "2. The block tables of two sequences sharing a prefix (blocks of {bs}, a "
-               "{p}-token prefix)",
-        "logical": "logical", "seq": "seq {name}", "ref": "refs", "tokens": "positions",
-        "shared": "shared", "pic_note": "A * after a physical block id marks a shared block. A "
-                                        "holds {la} tokens, B {lb}; B's first {hit} tokens hit "
-                                        "the prefix cache.",
-        "prefix": "3. Prefix caching: {n} requests sharing a {s}-token system prompt, user turns "
-                  "of {u0}–{u1} tokens, {o} tokens generated each",
-        "pc": "prefix cache", "on": "on", "off": "off", "hit": "hit rate",
-        "computed": "prefill computed", "ttft50": "TTFT p50", "ttft_max": "TTFT max",
-        "wall": "wall",
-        "preempt": "4. Preemption in a small pool: {n} requests (prompt {p}, {o} generated), "
-                   "{small} blocks vs {big} (float64)",
-        "pool": "pool", "blocks": "blocks", "steps": "steps", "recomputed": "recomputed",
-        "same": "same as big pool", "small": "small", "big": "big", "yes": "yes", "no": "no",
-        "obs_waste": "At the peak {r} sequences hold {t} tokens: contiguous max_seq reservations "
-                     "take {c} slots, {cw} of them wasted; reserving prompt + max_tokens takes "
-                     "{e}, {ew} wasted; pages take {p} ({pb} blocks), {pw} wasted: at most {bm} "
-                     "empty slots per sequence, in its last block.",
-        "obs_fit": "In the memory of {k} max_seq reservations ({blocks} blocks) contiguous "
-                   "allocation runs {k} sequences at most ({cmean} per step on average, done "
-                   "in {cs} steps); the paged engine ran up to {m} in a step, {x}× as many "
-                   "({mean} per step on average, done in {s} steps{pre}).",
-        "obs_fit_pre": ", preempting {p} times on the way",
-        "obs_pic": "A's and B's first {n} logical blocks map to the same physical blocks {ids}, "
-                   "ref count 2, stored once; only full blocks are shared: the block holding the "
-                   "prefix's last {rest} tokens was not full, so B computed it itself. After "
-                   "that each sequence takes a new block only when one fills, so decoding in "
-                   "turn interleaves their physical ids (A: {ta}; B: {tb}).",
-        "obs_hit": "The prefix cache hit {rate} of the prompt tokens ({h} of {q}), so prefill "
-                   "computed {con} tokens instead of {coff} ({x}× fewer); the TTFT p50 fell "
-                   "from {t_off} to {t_on} (measured).",
-        "obs_hit_slow": "The prefix cache hit {rate} of the prompt tokens ({h} of {q}), so "
-                        "prefill computed {con} tokens instead of {coff} ({x}× fewer); this run's "
-                        "TTFT p50, though, was no better ({t_off} vs {t_on}): a busy machine.",
-        "obs_pre": "The {small}-block pool preempted {p} times: a preempted sequence frees all "
-                   "its blocks and is later prefilled again, prompt and generated tokens ({rc} "
-                   "tokens computed again, {hits} more found in the blocks it left in the prefix "
-                   "cache; {ds} more steps); {same}",
-        "obs_pre_same": "all {n} outputs equal, token for token, those of the {big}-block pool. "
-                        "The model runs in float64 here, so that the recomputation's different "
-                        "summation order is far too small to flip a greedy pick; in float32 a "
-                        "near-tie could flip (demo 14).",
-        "fit_note": "The contiguous row is the engine capped at max_num_seqs={k}: all that {k} "
-                    "max_seq reservations can hold.",
-        "obs_pre_diff": "but {d} outputs differ from the big pool's.",
-    },
-}
-FIG_TEXT = {
-    "zh": {"title": "峰值时刻占用的 KV 槽位（{r} 个序列）", "y": "token 槽位", "held": "真实 token",
-           "wasted": "浪费"},
-    "en": {"title": "KV slots held at the peak ({r} sequences)", "y": "token slots",
-           "held": "real tokens", "wasted": "wasted"},
-}
+
 DESIGNS = ("contig", "exact", "paged")
 
 
@@ -435,6 +318,129 @@ def figures(result, lang="zh"):
     ax.legend()
     fig.suptitle(t["title"].format(r=mem["running"]))
     return {"memory": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "随机初始化的 Llama 式小模型（{L} 层，d={d}，max_seq={S}），每个 token 的 K/V"
+                 "（所有层）占 {bpt} 字节（float32）。块大小 {bs}。",
+        "mem": "1. 连续预留对分页：{n} 个请求（提示 {p0}–{p1}，输出均值 {om}），峰值时刻",
+        "design": "设计", "slots": "占用槽位", "held": "其中真实 token", "waste": "浪费",
+        "bytes": "字节",
+        "contig": "连续：每序列 max_seq", "exact": "连续：提示+max_tokens", "paged": "分页：块",
+        "mem_note": "峰值时刻（分页块数最多的一步之后）有 {r} 个序列在运行，共持有 {t} 个 token "
+                    "的 K/V。",
+        "fit": "同样的内存（{k} 个 max_seq 预留 = {blocks} 块）里能同时跑几个序列",
+        "fit_design": "设计", "fit_max": "一步最多", "fit_mean": "每步平均", "pre": "抢占",
+        "pic": "2. 两个共享前缀的序列的块表（块大小 {bs}，共享前缀 {p} 个 token）",
+        "logical": "逻辑块", "seq": "序列 {name}", "ref": "引用数", "tokens": "token 位置",
+        "shared": "共享", "pic_note": "物理块号后的 * 表示共享块。A 有 {la} 个 token，B 有 {lb} "
+                                      "个；B 的前 {hit} 个 token 命中前缀缓存。",
+        "prefix": "3. 前缀缓存：{n} 个请求共享 {s} 个 token 的系统提示，用户部分 {u0}–{u1} 个 "
+                  "token，各生成 {o} 个",
+        "pc": "前缀缓存", "on": "开", "off": "关", "hit": "命中率", "computed": "预填充计算",
+        "ttft50": "TTFT p50", "ttft_max": "TTFT 最大", "wall": "总用时",
+        "preempt": "4. 小池子里的抢占：{n} 个请求（提示 {p}，生成 {o}），{small} 块对 {big} 块"
+                   "（float64）",
+        "pool": "池子", "blocks": "块数", "steps": "步数", "recomputed": "重算 token",
+        "same": "输出与大池子相同", "small": "小", "big": "大", "yes": "是", "no": "否",
+        "obs_waste": "峰值时刻 {r} 个序列真正持有 {t} 个 token：按 max_seq 连续预留要 {c} 个槽位，"
+                     "{cw} 浪费；按提示+max_tokens 预留要 {e} 个，{ew} 浪费；分页只占 {p} 个"
+                     "（{pb} 块），{pw} 浪费，每个序列最多空着最后一块里的 {bm} 个槽位。",
+        "obs_fit": "在 {k} 个 max_seq 预留的内存（{blocks} 块）里，连续预留最多同时跑 {k} 个序列"
+                   "（每步平均 {cmean} 个，{cs} 步跑完）；分页引擎一步最多跑了 {m} 个，是 {x} 倍"
+                   "（每步平均 {mean} 个，{s} 步跑完{pre}）。",
+        "obs_fit_pre": "，期间抢占 {p} 次",
+        "obs_pic": "A 和 B 的前 {n} 个逻辑块指向同样的物理块 {ids}，引用数为 2，只存一份；共享的"
+                   "是完整的块：前缀的最后 {rest} 个 token 所在的块没有写满，B 自己算了一遍。之后"
+                   "每个序列只在写满一块时才拿新块，所以两者交替解码时物理块号是交错的"
+                   "（A：{ta}；B：{tb}）。",
+        "obs_hit": "前缀缓存的命中率 {rate}（{h}/{q} 个 token），预填充只算了 {con} 个 token，"
+                   "不开时要算 {coff} 个（{x} 倍）；TTFT 的 p50 从 {t_off} 降到 {t_on}（实测）。",
+        "obs_hit_slow": "前缀缓存的命中率 {rate}（{h}/{q} 个 token），预填充只算了 {con} 个 token，"
+                        "不开时要算 {coff} 个（{x} 倍）；但这次实测的 TTFT p50 没有变好"
+                        "（{t_off} 对 {t_on}），机器太忙。",
+        "obs_pre": "{small} 块的小池子里发生了 {p} 次抢占：被抢占的序列释放全部块，之后把提示和"
+                   "已生成的 token 重新预填充（重算了 {rc} 个 token，另有 {hits} 个命中它留在前缀缓存里的块；"
+                   "多用了 {ds} 步）；{same}",
+        "obs_pre_same": "{n} 个输出与 {big} 块大池子的逐 token 相同。这里用 float64，重算时不同的"
+                        "累加顺序带来的差异小到不足以翻转贪心选择；float32 下接近平局处就可能翻转"
+                        "（见演示 14）。",
+        "fit_note": "“连续”一行是引擎限定 max_num_seqs={k}：{k} 个 max_seq 预留最多容纳这么多序列。",
+        "obs_pre_diff": "但 {d} 个输出与大池子的不同。",
+    },
+    "en": {
+        "setup": "A small random Llama-style model ({L} layers, d={d}, max_seq={S}); a token's "
+                 "K/V take {bpt} bytes over all layers (float32). Blocks of {bs}.",
+        "mem": "1. Contiguous reservations vs pages: {n} requests (prompts {p0}–{p1}, outputs "
+               "of mean {om}), at the peak",
+        "design": "design", "slots": "slots held", "held": "of them real", "waste": "waste",
+        "bytes": "bytes",
+        "contig": "contiguous: max_seq each", "exact": "contiguous: prompt+max_tok",
+        "paged": "paged: blocks",
+        "mem_note": "At the peak (after the step with the most blocks in use) {r} sequences run, "
+                    "holding the K/V of {t} tokens.",
+        "fit": "How many sequences run at once in the same memory ({k} max_seq reservations = "
+               "{blocks} blocks)",
+        "fit_design": "design", "fit_max": "most in a step", "fit_mean": "mean per step",
+        "pre": "preempted",
+        "pic": "2. The block tables of two sequences sharing a prefix (blocks of {bs}, a "
+               "{p}-token prefix)",
+        "logical": "logical", "seq": "seq {name}", "ref": "refs", "tokens": "positions",
+        "shared": "shared", "pic_note": "A * after a physical block id marks a shared block. A "
+                                        "holds {la} tokens, B {lb}; B's first {hit} tokens hit "
+                                        "the prefix cache.",
+        "prefix": "3. Prefix caching: {n} requests sharing a {s}-token system prompt, user turns "
+                  "of {u0}–{u1} tokens, {o} tokens generated each",
+        "pc": "prefix cache", "on": "on", "off": "off", "hit": "hit rate",
+        "computed": "prefill computed", "ttft50": "TTFT p50", "ttft_max": "TTFT max",
+        "wall": "wall",
+        "preempt": "4. Preemption in a small pool: {n} requests (prompt {p}, {o} generated), "
+                   "{small} blocks vs {big} (float64)",
+        "pool": "pool", "blocks": "blocks", "steps": "steps", "recomputed": "recomputed",
+        "same": "same as big pool", "small": "small", "big": "big", "yes": "yes", "no": "no",
+        "obs_waste": "At the peak {r} sequences hold {t} tokens: contiguous max_seq reservations "
+                     "take {c} slots, {cw} of them wasted; reserving prompt + max_tokens takes "
+                     "{e}, {ew} wasted; pages take {p} ({pb} blocks), {pw} wasted: at most {bm} "
+                     "empty slots per sequence, in its last block.",
+        "obs_fit": "In the memory of {k} max_seq reservations ({blocks} blocks) contiguous "
+                   "allocation runs {k} sequences at most ({cmean} per step on average, done "
+                   "in {cs} steps); the paged engine ran up to {m} in a step, {x}× as many "
+                   "({mean} per step on average, done in {s} steps{pre}).",
+        "obs_fit_pre": ", preempting {p} times on the way",
+        "obs_pic": "A's and B's first {n} logical blocks map to the same physical blocks {ids}, "
+                   "ref count 2, stored once; only full blocks are shared: the block holding the "
+                   "prefix's last {rest} tokens was not full, so B computed it itself. After "
+                   "that each sequence takes a new block only when one fills, so decoding in "
+                   "turn interleaves their physical ids (A: {ta}; B: {tb}).",
+        "obs_hit": "The prefix cache hit {rate} of the prompt tokens ({h} of {q}), so prefill "
+                   "computed {con} tokens instead of {coff} ({x}× fewer); the TTFT p50 fell "
+                   "from {t_off} to {t_on} (measured).",
+        "obs_hit_slow": "The prefix cache hit {rate} of the prompt tokens ({h} of {q}), so "
+                        "prefill computed {con} tokens instead of {coff} ({x}× fewer); this run's "
+                        "TTFT p50, though, was no better ({t_off} vs {t_on}): a busy machine.",
+        "obs_pre": "The {small}-block pool preempted {p} times: a preempted sequence frees all "
+                   "its blocks and is later prefilled again, prompt and generated tokens ({rc} "
+                   "tokens computed again, {hits} more found in the blocks it left in the prefix "
+                   "cache; {ds} more steps); {same}",
+        "obs_pre_same": "all {n} outputs equal, token for token, those of the {big}-block pool. "
+                        "The model runs in float64 here, so that the recomputation's different "
+                        "summation order is far too small to flip a greedy pick; in float32 a "
+                        "near-tie could flip (demo 14).",
+        "fit_note": "The contiguous row is the engine capped at max_num_seqs={k}: all that {k} "
+                    "max_seq reservations can hold.",
+        "obs_pre_diff": "but {d} outputs differ from the big pool's.",
+    },
+}
+
+FIG_TEXT = {
+    "zh": {"title": "峰值时刻占用的 KV 槽位（{r} 个序列）", "y": "token 槽位", "held": "真实 token",
+           "wasted": "浪费"},
+    "en": {"title": "KV slots held at the peak ({r} sequences)", "y": "token slots",
+           "held": "real tokens", "wasted": "wasted"},
+}
 
 
 if __name__ == "__main__":

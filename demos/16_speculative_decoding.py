@@ -45,92 +45,6 @@ RUNS, QUICK_RUNS = 2000, 400
 P_MIN = 0.01
 
 TITLE = {"zh": "投机解码：便宜地猜，一次验证", "en": "Speculative decoding: guess cheaply, verify once"}
-TEXT = {
-    "zh": {
-        "model_real": "目标模型：SmolLM2-135M（float32），每种提示 1 个，贪心生成 {n} 个新 token，"
-                      "BLAS {threads} 线程。草稿：n-gram 提示查找（max_n=3），不需要模型。",
-        "model_stand_in": "目标模型：随机初始化的小模型（{layers} 层，d={d}，词表 {vocab}），"
-                          "代替 SmolLM2（未安装）；贪心生成 {n} 个新 token。"
-                          "草稿：n-gram 提示查找（max_n=3）。",
-        "kinds": {"copy": "复制", "question": "问答", "free": "自由"},
-        "same_title": "贪心：用与不用投机解码，token 完全相同（k={k}）",
-        "kind": "提示", "plain": "普通解码", "spec": "投机解码", "same": "相同",
-        "yes": "是", "no": "否",
-        "verify_title": "一次验证 k+1 个 token 的代价（上下文 {ctx} 个 token）",
-        "tokens": "输入 token", "steps": "相当于解码步", "break_even": "盈亏平衡 α",
-        "never": "永不",
-        "verify_note": "盈亏平衡 α 解 (1 − α^(k+1)) / (1 − α) = 一次验证的代价（以解码一步为单位），"
-                       "适用于几乎不花时间的 n-gram 草稿。",
-        "speed_title": "按提示种类与 k：接受率、每次目标前向得到的 token 与加速",
-        "alpha": "α", "tpp": "token/次", "formula": "公式", "speedup": "加速",
-        "speed_note": "α = 接受数 / 被检验的草稿数；公式 = (1 − α^(k+1)) / (1 − α)，按每次实际草稿数"
-                      "平均。加速 = 解码 token/s 与普通贪心解码之比（各自扣除预填充）。",
-        "sampling_title": "采样：接受规则保持目标分布（词表 {V}，接下来 {n} 个 token，{runs} 次运行）",
-        "cont": "续写", "exact": "精确概率", "draft_col": "草稿",
-        "sampling_note": "精确概率由枚举全部 {cells} 种续写得到；χ² 检验 {df} 个自由度。",
-        "drafts": {"itself": "与目标相同", "random": "随机模型", "ngram": "n-gram"},
-        "obs_same": "贪心解码下，{runs} 次投机运行（{kinds} 种提示 × {nk} 个 k）中有 {same} 次与普通"
-                    "贪心解码逐 token 相同。",
-        "obs_alpha": "接受率决定每次目标前向得到几个 token：{kind}提示在 k={k} 时 α={alpha}，"
-                     "每次得到 {tpp} 个 token，公式给出 {formula}。",
-        "obs_cost": "验证并不免费：一次喂 {tokens} 个 token 的前向相当于 {ratio} 个解码步，"
-                    "所以 k={k} 时 α 至少要到 {be} 才不亏。",
-        "obs_best": "最好的情形：{kind}提示在 k={k} 时加速 {speedup}×（α={alpha}），"
-                    "输出与普通解码相同：{same}。",
-        "obs_lose": "亏的情形：{kind}提示在 k={k} 时只有 {speedup}×：每次目标前向只得到 {tpp} 个 "
-                    "token，而一次喂 {tokens} 个 token 的前向要 {cost} 个解码步（二者之比预测 "
-                    "{pred}×）；猜错的 token 也要付验证的代价，草稿和循环本身也花时间。",
-        "obs_no_loss": "这次没有哪一行慢于普通解码：每个 k 的 α 都高于它的盈亏平衡值。",
-        "obs_sampling": "采样：{drafts} 三种草稿下，{runs} 次运行的经验分布与精确分布的 χ² "
-                        "p 值分别为 {ps}，都大于 {pmin}：分布没有被改变。",
-    },
-    "en": {
-        "model_real": "Target: SmolLM2-135M (float32), one prompt per kind, {n} new tokens "
-                      "greedy, {threads} BLAS thread(s). Draft: n-gram prompt lookup (max_n=3), "
-                      "no model.",
-        "model_stand_in": "Target: a small random model ({layers} layers, d={d}, vocab {vocab}) "
-                          "standing in for SmolLM2 (not installed); {n} new tokens "
-                          "greedy. Draft: n-gram prompt lookup (max_n=3).",
-        "kinds": {"copy": "copy", "question": "question", "free": "free-form"},
-        "same_title": "Greedy: the tokens with and without speculation are identical (k={k})",
-        "kind": "prompt", "plain": "plain decode", "spec": "speculative", "same": "same",
-        "yes": "yes", "no": "no",
-        "verify_title": "The cost of verifying k+1 tokens in one pass (context {ctx} tokens)",
-        "tokens": "tokens fed", "steps": "decode steps", "break_even": "break-even α",
-        "never": "never",
-        "verify_note": "Break-even α solves (1 − α^(k+1)) / (1 − α) = the pass's cost in decode "
-                       "steps: for a draft that costs nothing, as the n-gram one nearly does.",
-        "speed_title": "By prompt kind and k: acceptance, tokens per target pass, speedup",
-        "alpha": "α", "tpp": "tok/pass", "formula": "formula", "speedup": "speedup",
-        "speed_note": "α = accepted / drafts tested; formula = (1 − α^(k+1)) / (1 − α), averaged "
-                      "with each pass's own number of drafts. Speedup = decode tokens/s over "
-                      "plain greedy decode's (each after its own prefill).",
-        "sampling_title": "Sampling: the rule keeps the target's distribution (vocab {V}, next "
-                          "{n} tokens, {runs} runs)",
-        "cont": "continuation", "exact": "exact", "draft_col": "draft",
-        "sampling_note": "Exact probabilities by enumerating all {cells} continuations; χ² test "
-                         "with {df} degrees of freedom.",
-        "drafts": {"itself": "the target itself", "random": "a random model", "ngram": "n-gram"},
-        "obs_same": "Greedy: {same} of {runs} speculative runs ({kinds} prompt kinds × {nk} values "
-                    "of k) give exactly plain greedy decoding's tokens.",
-        "obs_alpha": "The acceptance rate sets the tokens per target pass: the {kind} prompt at "
-                     "k={k} has α={alpha} and yields {tpp} tokens per pass; the formula says "
-                     "{formula}.",
-        "obs_cost": "Verifying is not free: a pass of {tokens} tokens costs {ratio} decode "
-                    "steps, so at k={k} α must reach {be} just to break even.",
-        "obs_best": "Best case: the {kind} prompt at k={k}, {speedup}× faster (α={alpha}), "
-                    "output identical to plain decoding: {same}.",
-        "obs_lose": "Where it loses: the {kind} prompt at k={k} runs at {speedup}×: a target pass "
-                    "yields only {tpp} tokens while a pass of {tokens} tokens costs {cost} decode "
-                    "steps (their ratio predicts {pred}×); wrong guesses still pay for their "
-                    "verification, and the draft and the loop take time of their own.",
-        "obs_no_loss": "No row ran slower than plain decoding this time: every k's α was above "
-                       "its break-even.",
-        "obs_sampling": "Sampling with drafts {drafts}: the χ² p-values of {runs} runs' empirical "
-                        "distribution against the exact one are {ps}, all above {pmin}: the "
-                        "distribution is unchanged.",
-    },
-}
 
 
 # ---------------------------------------------------------------- the target
@@ -343,6 +257,96 @@ def figures(result, lang):
     ax.set_title(t["speed_title"])
     ax.legend()
     return {"speedup": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "model_real": "目标模型：SmolLM2-135M（float32），每种提示 1 个，贪心生成 {n} 个新 token，"
+                      "BLAS {threads} 线程。草稿：n-gram 提示查找（max_n=3），不需要模型。",
+        "model_stand_in": "目标模型：随机初始化的小模型（{layers} 层，d={d}，词表 {vocab}），"
+                          "代替 SmolLM2（未安装）；贪心生成 {n} 个新 token。"
+                          "草稿：n-gram 提示查找（max_n=3）。",
+        "kinds": {"copy": "复制", "question": "问答", "free": "自由"},
+        "same_title": "贪心：用与不用投机解码，token 完全相同（k={k}）",
+        "kind": "提示", "plain": "普通解码", "spec": "投机解码", "same": "相同",
+        "yes": "是", "no": "否",
+        "verify_title": "一次验证 k+1 个 token 的代价（上下文 {ctx} 个 token）",
+        "tokens": "输入 token", "steps": "相当于解码步", "break_even": "盈亏平衡 α",
+        "never": "永不",
+        "verify_note": "盈亏平衡 α 解 (1 − α^(k+1)) / (1 − α) = 一次验证的代价（以解码一步为单位），"
+                       "适用于几乎不花时间的 n-gram 草稿。",
+        "speed_title": "按提示种类与 k：接受率、每次目标前向得到的 token 与加速",
+        "alpha": "α", "tpp": "token/次", "formula": "公式", "speedup": "加速",
+        "speed_note": "α = 接受数 / 被检验的草稿数；公式 = (1 − α^(k+1)) / (1 − α)，按每次实际草稿数"
+                      "平均。加速 = 解码 token/s 与普通贪心解码之比（各自扣除预填充）。",
+        "sampling_title": "采样：接受规则保持目标分布（词表 {V}，接下来 {n} 个 token，{runs} 次运行）",
+        "cont": "续写", "exact": "精确概率", "draft_col": "草稿",
+        "sampling_note": "精确概率由枚举全部 {cells} 种续写得到；χ² 检验 {df} 个自由度。",
+        "drafts": {"itself": "与目标相同", "random": "随机模型", "ngram": "n-gram"},
+        "obs_same": "贪心解码下，{runs} 次投机运行（{kinds} 种提示 × {nk} 个 k）中有 {same} 次与普通"
+                    "贪心解码逐 token 相同。",
+        "obs_alpha": "接受率决定每次目标前向得到几个 token：{kind}提示在 k={k} 时 α={alpha}，"
+                     "每次得到 {tpp} 个 token，公式给出 {formula}。",
+        "obs_cost": "验证并不免费：一次喂 {tokens} 个 token 的前向相当于 {ratio} 个解码步，"
+                    "所以 k={k} 时 α 至少要到 {be} 才不亏。",
+        "obs_best": "最好的情形：{kind}提示在 k={k} 时加速 {speedup}×（α={alpha}），"
+                    "输出与普通解码相同：{same}。",
+        "obs_lose": "亏的情形：{kind}提示在 k={k} 时只有 {speedup}×：每次目标前向只得到 {tpp} 个 "
+                    "token，而一次喂 {tokens} 个 token 的前向要 {cost} 个解码步（二者之比预测 "
+                    "{pred}×）；猜错的 token 也要付验证的代价，草稿和循环本身也花时间。",
+        "obs_no_loss": "这次没有哪一行慢于普通解码：每个 k 的 α 都高于它的盈亏平衡值。",
+        "obs_sampling": "采样：{drafts} 三种草稿下，{runs} 次运行的经验分布与精确分布的 χ² "
+                        "p 值分别为 {ps}，都大于 {pmin}：分布没有被改变。",
+    },
+    "en": {
+        "model_real": "Target: SmolLM2-135M (float32), one prompt per kind, {n} new tokens "
+                      "greedy, {threads} BLAS thread(s). Draft: n-gram prompt lookup (max_n=3), "
+                      "no model.",
+        "model_stand_in": "Target: a small random model ({layers} layers, d={d}, vocab {vocab}) "
+                          "standing in for SmolLM2 (not installed); {n} new tokens "
+                          "greedy. Draft: n-gram prompt lookup (max_n=3).",
+        "kinds": {"copy": "copy", "question": "question", "free": "free-form"},
+        "same_title": "Greedy: the tokens with and without speculation are identical (k={k})",
+        "kind": "prompt", "plain": "plain decode", "spec": "speculative", "same": "same",
+        "yes": "yes", "no": "no",
+        "verify_title": "The cost of verifying k+1 tokens in one pass (context {ctx} tokens)",
+        "tokens": "tokens fed", "steps": "decode steps", "break_even": "break-even α",
+        "never": "never",
+        "verify_note": "Break-even α solves (1 − α^(k+1)) / (1 − α) = the pass's cost in decode "
+                       "steps: for a draft that costs nothing, as the n-gram one nearly does.",
+        "speed_title": "By prompt kind and k: acceptance, tokens per target pass, speedup",
+        "alpha": "α", "tpp": "tok/pass", "formula": "formula", "speedup": "speedup",
+        "speed_note": "α = accepted / drafts tested; formula = (1 − α^(k+1)) / (1 − α), averaged "
+                      "with each pass's own number of drafts. Speedup = decode tokens/s over "
+                      "plain greedy decode's (each after its own prefill).",
+        "sampling_title": "Sampling: the rule keeps the target's distribution (vocab {V}, next "
+                          "{n} tokens, {runs} runs)",
+        "cont": "continuation", "exact": "exact", "draft_col": "draft",
+        "sampling_note": "Exact probabilities by enumerating all {cells} continuations; χ² test "
+                         "with {df} degrees of freedom.",
+        "drafts": {"itself": "the target itself", "random": "a random model", "ngram": "n-gram"},
+        "obs_same": "Greedy: {same} of {runs} speculative runs ({kinds} prompt kinds × {nk} values "
+                    "of k) give exactly plain greedy decoding's tokens.",
+        "obs_alpha": "The acceptance rate sets the tokens per target pass: the {kind} prompt at "
+                     "k={k} has α={alpha} and yields {tpp} tokens per pass; the formula says "
+                     "{formula}.",
+        "obs_cost": "Verifying is not free: a pass of {tokens} tokens costs {ratio} decode "
+                    "steps, so at k={k} α must reach {be} just to break even.",
+        "obs_best": "Best case: the {kind} prompt at k={k}, {speedup}× faster (α={alpha}), "
+                    "output identical to plain decoding: {same}.",
+        "obs_lose": "Where it loses: the {kind} prompt at k={k} runs at {speedup}×: a target pass "
+                    "yields only {tpp} tokens while a pass of {tokens} tokens costs {cost} decode "
+                    "steps (their ratio predicts {pred}×); wrong guesses still pay for their "
+                    "verification, and the draft and the loop take time of their own.",
+        "obs_no_loss": "No row ran slower than plain decoding this time: every k's α was above "
+                       "its break-even.",
+        "obs_sampling": "Sampling with drafts {drafts}: the χ² p-values of {runs} runs' empirical "
+                        "distribution against the exact one are {ps}, all above {pmin}: the "
+                        "distribution is unchanged.",
+    },
+}
 
 
 if __name__ == "__main__":

@@ -50,130 +50,7 @@ MODEL = dict(vocab=2048, d_model=128, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=
 PAGE, PAGE_PROMPTS, PAGE_STEPS = 16, (70, 41), 4
 
 TITLE = {"zh": "FlashAttention：分块的注意力", "en": "FlashAttention: attention in tiles"}
-TEXT = {
-    "zh": {
-        "exact": "1. 精确性：B={B}，T=S={T}，H={H}，G={G}，D={D}；与 attention_reference 的最大相对误差",
-        "form": "形式", "f32": "float32", "f64": "float64",
-        "core": "attention_core（按行分块）", "tiled": "分块 {bq}×{bk}",
-        "merged": "{n} 段键的 lse 合并（非因果）", "bwd": "反向（由 lse 重算 P）对 attention_core_backward",
-        "mem": "2. 峰值内存（tracemalloc 实测），单头，D={D}，float32，因果（core：attention_core）",
-        "T": "T", "scores": "得分矩阵", "plain": "朴素（整块得分）", "core_col": "core",
-        "flash": "分块 64×64", "share": "分块/得分矩阵",
-        "io": "3. 慢速内存（HBM）读写字节对快速内存（SRAM）大小：T=S={T}，D={D}，float32（按分块"
-              "循环计数）",
-        "sram": "SRAM", "blocks": "块大小", "flash_c": "分块（因果）", "ratio": "比上一行",
-        "flash_f": "分块（非因果）", "plain_io": "朴素",
-        "skip": "4. 因果掩码跳过的块：n×n 个 {b}×{b} 的块（计数）",
-        "n": "n", "total": "总块数", "visited": "计算的", "masked": "其中带掩码",
-        "skipped": "跳过", "share_v": "计算占比", "formula": "(n+1)/2n",
-        "time": "5. 用时（实测，1 个 BLAS 线程）：B={B}，T=S={T}，H={H}，G={G}，D={D}，float32，因果",
-        "what": "形式", "best": "最好", "median": "中位数", "vs_core": "对 attention_core",
-        "tiles": "块数",
-        "pages": "6. 引擎页表上的 split-K：演示 15 的小模型，块大小 {bs}，第 {l} 层，一个随机查询",
-        "seq": "序列", "tokens": "token 数", "table": "块表", "reads": "每块读取次数",
-        "diff": "最大相对差",
-        "pages_note": "整体注意力：像引擎那样把块表里的块拼成连续的 K/V，再用 attention_core；"
-                      "split-K：每块单独 flash_attention（返回 lse），再用 merge_attention 合并。",
-        "obs_exact": "分块形式与朴素形式一致：64×64 的块和不整除 T 的 {bq}×{bk} 块，float32 "
-                     "最大相对误差 {e32}，float64 {e64}；把键分成 {n} 段分别算再按 logsumexp 合并，"
-                     "float64 误差 {m64}；只靠 lse 和 D=rowsum(dO∘O) 的反向与 attention_core_backward "
-                     "差 {b64}（float64）。",
-        "obs_mem": "T={T} 时朴素形式峰值 {plain}，是 {x} 个得分矩阵（得分、掩码后的副本、softmax）；"
-                   "分块形式只要 {flash}，是得分矩阵的 {share}（不超过 1/16），其中 {out} 是输出本身；"
-                   "T 从 {t0} 翻倍到 {t1}，朴素形式的内存变为 {gp} 倍，分块形式 {gf} 倍。",
-        "obs_io": "SRAM 每翻一倍，分块形式的 HBM 读写就乘 {lo}–{hi}（因果），即约减半："
-                  "K、V 每个查询块读一遍，查询块行数与 SRAM 成正比，Θ(T·S·D²/M)；朴素形式始终"
-                  "是 {plain}，SRAM={m} 时分块只有它的 {share}。查询块越少，比值离 1/2 越远：读 Q、"
-                  "写 O 的 {fixed} 不随 SRAM 变，因果的 (n+1)/2n 也随 n 变小而变大（最后 n={n}）。",
-        "obs_skip": "因果掩码下对角线以上的块整块跳过（不计算、不掩码）：n 个块一边时计算 n(n+1)/2 "
-                    "个，占 (n+1)/2n，计数与公式在每个 n 上相等（n={n} 时 {v}，跳过 {s}）；只有对"
-                    "角线上的 n 块要掩码。",
-        "obs_time": "{verdict}分块 {b}×{b} 用时 {t}，是 attention_core（{tc}）的 {x} 倍。块从 "
-                    "{big} 行减到 {small} 行，块数从 {nb} 增到 {ns}，用时从 {tb} 变为 {ts}：每多一块约 "
-                    "{per}。NumPy 里每块都是十几次独立的数组调用，每次都把块从缓存读写一遍；GPU "
-                    "内核把一块的 QK、exp 和 PV 融合在片上 SRAM 里，省下的是 HBM 流量，这正是 "
-                    "NumPy 做不到的。",
-        "verdict_slow": "如预期，在 NumPy 里分块形式没有更快：",
-        "verdict_fast": "这次分块形式反而更快：它的一块得分只有 {tile}，attention_core 一块行对全部"
-                        "键的得分有 {block}。",
-        "obs_pages": "对引擎页表做 split-K：{n} 个序列共 {blocks} 个块，每块只读一次（读取次数都是 "
-                     "1），各块结果按 logsumexp 合并，与拼起来一次算的注意力最大相对差 {diff}"
-                     "（float32）；引擎的拼接要先复制这一层 {copy} 的 K/V，split-K 直接就地读块。",
-    },
-    "en": {
-        "exact": "1. Exactness: B={B}, T=S={T}, H={H}, G={G}, D={D}; largest relative error "
-                 "against attention_reference",
-        "form": "form", "f32": "float32", "f64": "float64",
-        "core": "attention_core (row blocks)", "tiled": "tiles {bq}×{bk}",
-        "merged": "lse merge of {n} key ranges (not causal)",
-        "bwd": "backward (P from lse) vs attention_core_backward",
-        "mem": "2. Peak memory (tracemalloc, measured), one head, D={D}, float32, causal "
-               "(core: attention_core)",
-        "T": "T", "scores": "scores", "plain": "plain (all scores)",
-        "core_col": "core", "flash": "tiles 64×64", "share": "tiles/scores",
-        "io": "3. Slow-memory (HBM) bytes against the fast-memory (SRAM) size: T=S={T}, D={D}, "
-              "float32 (counted by the tile loop)",
-        "sram": "SRAM", "blocks": "tile", "flash_c": "tiled (causal)", "ratio": "vs above",
-        "flash_f": "tiled (full)", "plain_io": "plain",
-        "skip": "4. Tiles the causal mask skips: n×n tiles of {b}×{b} (counted)",
-        "n": "n", "total": "tiles", "visited": "computed", "masked": "of them masked",
-        "skipped": "skipped", "share_v": "computed share", "formula": "(n+1)/2n",
-        "time": "5. Time (measured, one BLAS thread): B={B}, T=S={T}, H={H}, G={G}, D={D}, "
-                "float32, causal",
-        "what": "form", "best": "best", "median": "median", "vs_core": "vs attention_core",
-        "tiles": "tiles",
-        "pages": "6. Split-K over the engine's page table: demo 15's small model, blocks of {bs}, "
-                 "layer {l}, one random query",
-        "seq": "sequence", "tokens": "tokens", "table": "block table", "reads": "reads per block",
-        "diff": "max rel. diff",
-        "pages_note": "All at once: the table's blocks gathered into contiguous K/V, as the engine "
-                      "does, then attention_core. Split-K: flash_attention over each block alone "
-                      "(with its lse), then merge_attention.",
-        "obs_exact": "The tiled form equals the plain one, in tiles of 64×64 and of {bq}×{bk} "
-                     "(which divide neither T nor S): largest relative error {e32} in float32, {e64} in "
-                     "float64; the keys in {n} ranges, attended apart and merged by logsumexp: "
-                     "{m64} in float64; the backward from only the lse and D = rowsum(dO∘O) is "
-                     "within {b64} of attention_core_backward (float64).",
-        "obs_mem": "At T={T} the plain form peaked at {plain}, {x} score matrices (the scores, "
-                   "their masked copy, the softmax); the tiled form at {flash}, {share} of one "
-                   "score matrix (at most 1/16), {out} of it the output itself. From T={t0} to "
-                   "{t1} the plain form's memory grew {gp}×, the tiled form's {gf}×.",
-        "obs_io": "Each doubling of the SRAM multiplied the tiled form's HBM traffic by "
-                  "{lo}–{hi} (causal), about a half: K and V are read once per query tile, and "
-                  "a query tile's rows grow with the SRAM, Θ(T·S·D²/M). The plain form moves "
-                  "{plain} whatever the SRAM; at SRAM={m} the tiled form moves {share} of that. "
-                  "The fewer the query tiles, the further from 1/2: reading Q and writing O "
-                  "({fixed}) does not shrink, and the causal (n+1)/2n grows as n falls (n={n} "
-                  "at the last).",
-        "obs_skip": "Causal tiles wholly above the diagonal are skipped, neither computed nor "
-                    "masked: with n tiles a side n(n+1)/2 are computed, (n+1)/2n of them, and "
-                    "the count equals the formula at every n (at n={n}: {v} computed, {s} "
-                    "skipped); only the n diagonal tiles need a mask.",
-        "obs_time": "{verdict}tiles of {b}×{b} took {t}, {x}× attention_core's {tc}. From "
-                    "{big} rows a tile to {small}, the tiles went from {nb} to {ns} and the "
-                    "time from {tb} to {ts}: about {per} per extra tile. In NumPy a tile is a "
-                    "dozen separate array calls, each reading and writing it through the "
-                    "caches; a GPU kernel fuses a tile's QK, exp and PV in on-chip SRAM, and "
-                    "the HBM traffic it saves is what NumPy cannot save.",
-        "verdict_slow": "As expected, the tiled form is not faster in NumPy: ",
-        "verdict_fast": "This time the tiled form was faster: one tile of its scores is {tile}, "
-                        "one of attention_core's row blocks against every key {block}; ",
-        "obs_pages": "Split-K over the engine's page table: {n} sequences, {blocks} blocks, each "
-                     "read once (every read count is 1), the blocks' results merged by "
-                     "logsumexp, within {diff} (relative, float32) of attention over the "
-                     "gathered blocks; the engine's gather copies this layer's {copy} of K/V "
-                     "first, split-K reads the blocks where they lie.",
-    },
-}
-FIG_TEXT = {
-    "zh": {"mem_title": "峰值内存对序列长度（单头，D=64，float32）", "T": "序列长度 T",
-           "bytes": "峰值内存（MiB）", "io_title": "HBM 读写对 SRAM 大小（T=S=4096，D=64）",
-           "sram": "SRAM（KiB）", "io": "HBM 读写（MiB）"},
-    "en": {"mem_title": "Peak memory against length (one head, D=64, float32)",
-           "T": "sequence length T", "bytes": "peak memory (MiB)",
-           "io_title": "HBM traffic against SRAM size (T=S=4096, D=64)", "sram": "SRAM (KiB)",
-           "io": "HBM traffic (MiB)"},
-}
+
 MEM_FORMS = ("plain", "core", "flash")
 
 
@@ -483,6 +360,135 @@ def figures(result, lang="zh"):
     ax2.legend()
     fig2.suptitle(t["io_title"])
     return {"memory": fig, "traffic": fig2}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "exact": "1. 精确性：B={B}，T=S={T}，H={H}，G={G}，D={D}；与 attention_reference 的最大相对误差",
+        "form": "形式", "f32": "float32", "f64": "float64",
+        "core": "attention_core（按行分块）", "tiled": "分块 {bq}×{bk}",
+        "merged": "{n} 段键的 lse 合并（非因果）", "bwd": "反向（由 lse 重算 P）对 attention_core_backward",
+        "mem": "2. 峰值内存（tracemalloc 实测），单头，D={D}，float32，因果（core：attention_core）",
+        "T": "T", "scores": "得分矩阵", "plain": "朴素（整块得分）", "core_col": "core",
+        "flash": "分块 64×64", "share": "分块/得分矩阵",
+        "io": "3. 慢速内存（HBM）读写字节对快速内存（SRAM）大小：T=S={T}，D={D}，float32（按分块"
+              "循环计数）",
+        "sram": "SRAM", "blocks": "块大小", "flash_c": "分块（因果）", "ratio": "比上一行",
+        "flash_f": "分块（非因果）", "plain_io": "朴素",
+        "skip": "4. 因果掩码跳过的块：n×n 个 {b}×{b} 的块（计数）",
+        "n": "n", "total": "总块数", "visited": "计算的", "masked": "其中带掩码",
+        "skipped": "跳过", "share_v": "计算占比", "formula": "(n+1)/2n",
+        "time": "5. 用时（实测，1 个 BLAS 线程）：B={B}，T=S={T}，H={H}，G={G}，D={D}，float32，因果",
+        "what": "形式", "best": "最好", "median": "中位数", "vs_core": "对 attention_core",
+        "tiles": "块数",
+        "pages": "6. 引擎页表上的 split-K：演示 15 的小模型，块大小 {bs}，第 {l} 层，一个随机查询",
+        "seq": "序列", "tokens": "token 数", "table": "块表", "reads": "每块读取次数",
+        "diff": "最大相对差",
+        "pages_note": "整体注意力：像引擎那样把块表里的块拼成连续的 K/V，再用 attention_core；"
+                      "split-K：每块单独 flash_attention（返回 lse），再用 merge_attention 合并。",
+        "obs_exact": "分块形式与朴素形式一致：64×64 的块和不整除 T 的 {bq}×{bk} 块，float32 "
+                     "最大相对误差 {e32}，float64 {e64}；把键分成 {n} 段分别算再按 logsumexp 合并，"
+                     "float64 误差 {m64}；只靠 lse 和 D=rowsum(dO∘O) 的反向与 attention_core_backward "
+                     "差 {b64}（float64）。",
+        "obs_mem": "T={T} 时朴素形式峰值 {plain}，是 {x} 个得分矩阵（得分、掩码后的副本、softmax）；"
+                   "分块形式只要 {flash}，是得分矩阵的 {share}（不超过 1/16），其中 {out} 是输出本身；"
+                   "T 从 {t0} 翻倍到 {t1}，朴素形式的内存变为 {gp} 倍，分块形式 {gf} 倍。",
+        "obs_io": "SRAM 每翻一倍，分块形式的 HBM 读写就乘 {lo}–{hi}（因果），即约减半："
+                  "K、V 每个查询块读一遍，查询块行数与 SRAM 成正比，Θ(T·S·D²/M)；朴素形式始终"
+                  "是 {plain}，SRAM={m} 时分块只有它的 {share}。查询块越少，比值离 1/2 越远：读 Q、"
+                  "写 O 的 {fixed} 不随 SRAM 变，因果的 (n+1)/2n 也随 n 变小而变大（最后 n={n}）。",
+        "obs_skip": "因果掩码下对角线以上的块整块跳过（不计算、不掩码）：n 个块一边时计算 n(n+1)/2 "
+                    "个，占 (n+1)/2n，计数与公式在每个 n 上相等（n={n} 时 {v}，跳过 {s}）；只有对"
+                    "角线上的 n 块要掩码。",
+        "obs_time": "{verdict}分块 {b}×{b} 用时 {t}，是 attention_core（{tc}）的 {x} 倍。块从 "
+                    "{big} 行减到 {small} 行，块数从 {nb} 增到 {ns}，用时从 {tb} 变为 {ts}：每多一块约 "
+                    "{per}。NumPy 里每块都是十几次独立的数组调用，每次都把块从缓存读写一遍；GPU "
+                    "内核把一块的 QK、exp 和 PV 融合在片上 SRAM 里，省下的是 HBM 流量，这正是 "
+                    "NumPy 做不到的。",
+        "verdict_slow": "如预期，在 NumPy 里分块形式没有更快：",
+        "verdict_fast": "这次分块形式反而更快：它的一块得分只有 {tile}，attention_core 一块行对全部"
+                        "键的得分有 {block}。",
+        "obs_pages": "对引擎页表做 split-K：{n} 个序列共 {blocks} 个块，每块只读一次（读取次数都是 "
+                     "1），各块结果按 logsumexp 合并，与拼起来一次算的注意力最大相对差 {diff}"
+                     "（float32）；引擎的拼接要先复制这一层 {copy} 的 K/V，split-K 直接就地读块。",
+    },
+    "en": {
+        "exact": "1. Exactness: B={B}, T=S={T}, H={H}, G={G}, D={D}; largest relative error "
+                 "against attention_reference",
+        "form": "form", "f32": "float32", "f64": "float64",
+        "core": "attention_core (row blocks)", "tiled": "tiles {bq}×{bk}",
+        "merged": "lse merge of {n} key ranges (not causal)",
+        "bwd": "backward (P from lse) vs attention_core_backward",
+        "mem": "2. Peak memory (tracemalloc, measured), one head, D={D}, float32, causal "
+               "(core: attention_core)",
+        "T": "T", "scores": "scores", "plain": "plain (all scores)",
+        "core_col": "core", "flash": "tiles 64×64", "share": "tiles/scores",
+        "io": "3. Slow-memory (HBM) bytes against the fast-memory (SRAM) size: T=S={T}, D={D}, "
+              "float32 (counted by the tile loop)",
+        "sram": "SRAM", "blocks": "tile", "flash_c": "tiled (causal)", "ratio": "vs above",
+        "flash_f": "tiled (full)", "plain_io": "plain",
+        "skip": "4. Tiles the causal mask skips: n×n tiles of {b}×{b} (counted)",
+        "n": "n", "total": "tiles", "visited": "computed", "masked": "of them masked",
+        "skipped": "skipped", "share_v": "computed share", "formula": "(n+1)/2n",
+        "time": "5. Time (measured, one BLAS thread): B={B}, T=S={T}, H={H}, G={G}, D={D}, "
+                "float32, causal",
+        "what": "form", "best": "best", "median": "median", "vs_core": "vs attention_core",
+        "tiles": "tiles",
+        "pages": "6. Split-K over the engine's page table: demo 15's small model, blocks of {bs}, "
+                 "layer {l}, one random query",
+        "seq": "sequence", "tokens": "tokens", "table": "block table", "reads": "reads per block",
+        "diff": "max rel. diff",
+        "pages_note": "All at once: the table's blocks gathered into contiguous K/V, as the engine "
+                      "does, then attention_core. Split-K: flash_attention over each block alone "
+                      "(with its lse), then merge_attention.",
+        "obs_exact": "The tiled form equals the plain one, in tiles of 64×64 and of {bq}×{bk} "
+                     "(which divide neither T nor S): largest relative error {e32} in float32, {e64} in "
+                     "float64; the keys in {n} ranges, attended apart and merged by logsumexp: "
+                     "{m64} in float64; the backward from only the lse and D = rowsum(dO∘O) is "
+                     "within {b64} of attention_core_backward (float64).",
+        "obs_mem": "At T={T} the plain form peaked at {plain}, {x} score matrices (the scores, "
+                   "their masked copy, the softmax); the tiled form at {flash}, {share} of one "
+                   "score matrix (at most 1/16), {out} of it the output itself. From T={t0} to "
+                   "{t1} the plain form's memory grew {gp}×, the tiled form's {gf}×.",
+        "obs_io": "Each doubling of the SRAM multiplied the tiled form's HBM traffic by "
+                  "{lo}–{hi} (causal), about a half: K and V are read once per query tile, and "
+                  "a query tile's rows grow with the SRAM, Θ(T·S·D²/M). The plain form moves "
+                  "{plain} whatever the SRAM; at SRAM={m} the tiled form moves {share} of that. "
+                  "The fewer the query tiles, the further from 1/2: reading Q and writing O "
+                  "({fixed}) does not shrink, and the causal (n+1)/2n grows as n falls (n={n} "
+                  "at the last).",
+        "obs_skip": "Causal tiles wholly above the diagonal are skipped, neither computed nor "
+                    "masked: with n tiles a side n(n+1)/2 are computed, (n+1)/2n of them, and "
+                    "the count equals the formula at every n (at n={n}: {v} computed, {s} "
+                    "skipped); only the n diagonal tiles need a mask.",
+        "obs_time": "{verdict}tiles of {b}×{b} took {t}, {x}× attention_core's {tc}. From "
+                    "{big} rows a tile to {small}, the tiles went from {nb} to {ns} and the "
+                    "time from {tb} to {ts}: about {per} per extra tile. In NumPy a tile is a "
+                    "dozen separate array calls, each reading and writing it through the "
+                    "caches; a GPU kernel fuses a tile's QK, exp and PV in on-chip SRAM, and "
+                    "the HBM traffic it saves is what NumPy cannot save.",
+        "verdict_slow": "As expected, the tiled form is not faster in NumPy: ",
+        "verdict_fast": "This time the tiled form was faster: one tile of its scores is {tile}, "
+                        "one of attention_core's row blocks against every key {block}; ",
+        "obs_pages": "Split-K over the engine's page table: {n} sequences, {blocks} blocks, each "
+                     "read once (every read count is 1), the blocks' results merged by "
+                     "logsumexp, within {diff} (relative, float32) of attention over the "
+                     "gathered blocks; the engine's gather copies this layer's {copy} of K/V "
+                     "first, split-K reads the blocks where they lie.",
+    },
+}
+
+FIG_TEXT = {
+    "zh": {"mem_title": "峰值内存对序列长度（单头，D=64，float32）", "T": "序列长度 T",
+           "bytes": "峰值内存（MiB）", "io_title": "HBM 读写对 SRAM 大小（T=S=4096，D=64）",
+           "sram": "SRAM（KiB）", "io": "HBM 读写（MiB）"},
+    "en": {"mem_title": "Peak memory against length (one head, D=64, float32)",
+           "T": "sequence length T", "bytes": "peak memory (MiB)",
+           "io_title": "HBM traffic against SRAM size (T=S=4096, D=64)", "sram": "SRAM (KiB)",
+           "io": "HBM traffic (MiB)"},
+}
 
 
 if __name__ == "__main__":

@@ -77,125 +77,6 @@ NAMES = {"float32": "float32", "bf16": "bf16", "q8_0": "Q8_0", "q4_1": "Q4_1", "
          "rtn": "W4 g{g} RTN", "awq": "W4 g{g} AWQ"}  # the formats, named alike in both languages
 TITLE = {"zh": "量化：每个权重更少字节，每个缓存 token 更少字节",
          "en": "Quantization: fewer bytes per weight, fewer per cached token"}
-TEXT = {
-    "zh": {
-        "model_real": "模型：SmolLM2-135M。参照是随包发布的权重（其 GGUF 为 Q4_1，所以参照是这些权重的 "
-                      "float32 值）。质量在项目自己的一段 {T} 个 token 的文字上测量；AWQ 在另一段 "
-                      "{C} 个 token 上校准。",
-        "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，词表 {vocab}），代替 "
-                          "SmolLM2（{why}）；其中人为放了几个大数值通道（范数增益与键的列 "
-                          "×{loud}），如训练过的模型那样。文字是 {T} 个随机 token。",
-        "why_quick": "--quick 只用它，求快", "why_missing": "SmolLM2 没有安装或读不出来",
-        "bytes_title": "每解码一个 token 读的字节，与内存带宽允许的上限",
-        "kind": "格式", "bits": "位/权重", "bytes_tok": "字节/token", "bound": "上限 tok/s",
-        "kl": "KL/token", "agree": "top-1 一致", "ppl": "困惑度",
-        "bytes_note": "位/权重：块内矩阵；词表与输出头（SmolLM2 中二者绑定）在量化格式里保持 "
-                      "Q8_0，与发布的文件相同，范数保持 float32。上限 = 带宽 {bw}B/s ÷ 字节/token（只算权重，不算 KV 缓存）。"
-                      "NumPy 总以 float32 计算，所以本次运行每种格式都是 {speed} tok/s（float32 实测）。",
-        "quality_title": "质量：与参照相比（KL 是参照 ‖ 量化，按 token 平均）",
-        "alpha_note": "AWQ 搜索到的 α（各层平均）：qkv {qkv}，o {o}，gate/up {gu}，down {down}。",
-        "kv_title": "KV 缓存：键的离群通道",
-        "layer": "层", "k_ratio": "键 最大/中位", "v_ratio": "值 最大/中位", "k_loud": "键 >4×中位的通道",
-        "kv_note": "按通道的 |k| 平均（对 token 与 KV 头），RoPE 之后，即缓存里存的键。显示离群最强的 {n} 层。",
-        "err_title": "KV 缓存：按 token 与按通道量化的误差（相对 Frobenius 误差）",
-        "what": "张量", "bits_col": "位", "per_token": "按 token", "per_channel": "按通道（每 {b} token 块）",
-        "keys": "键", "values": "值",
-        "obs_bytes": "每个 token 读的字节：float32 {f32}B，Q8_0 {q8}B（{q8x}× 少），Q4_0 {q4}B（{q4x}× 少）；"
-                     "按本机带宽 {bw}B/s，上限从 {f32s} 到 {q4s} tok/s。这是上限：NumPy 以 float32 计算，本次"
-                     "实测 {speed} tok/s。",
-        "obs_q8": "Q8_0 {verdict}：KL {kl}，top-1 一致 {agree}，困惑度 {ppl}（参照 {ref}）。",
-        "q8_close": "接近无损", "q8_not": "并不接近无损",
-        "obs_q41": "Q4_1 几乎无损（KL {kl}）只因为参照本身就是 Q4_1 的值：把落在 Q4_1 网格上的数再量化成 "
-                   "Q4_1，会找回同一个网格。Q4_0 字节差不多，KL 却是 {q40}。",
-        "obs_rtn": "4 位按组就近取整（W4 g{g}）{verdict}：KL {kl}，top-1 一致 {agree}，困惑度 {ppl}。",
-        "rtn_worse": "明显更差", "rtn_not": "并没有明显更差",
-        "obs_awq_yes": "同样的位数，AWQ 的缩放把 KL 从 {rtn} 降到 {awq}（少 {x}×；top-1 一致 {ra} → {aa}）："
-                       "与大激活通道相乘的权重落在相对更细的网格上。",
-        "obs_awq_no": "这次 AWQ 没有降低 KL：RTN {rtn}，AWQ {awq}。",
-        "obs_keys": "键有离群通道：第 {layer} 层最大通道的平均 |k| 是中位通道的 {ratio}×，值只有 {vratio}×。"
-                    "所以 int8 按 token 的键误差 {kt}，按通道 {kc}（{x}×）；值按 token {vt}，按通道 {vc}。",
-        "obs_keys_int4": "到 4 位差别更大：键按 token {kt}，按通道 {kc}。",
-        "engine_title": "服务引擎：同样内存里的 int8 KV 池（{mem}B）",
-        "pool": "KV 池", "blocks": "块", "bytes": "字节", "seconds": "耗时",
-        "engine_note": "int8：键每块每通道一个 float16 缩放，值每 token 每头一个；读取时反量化。"
-                       "{R} 个请求，各贪心生成 {n} 个 token。",
-        "obs_engine": "同样 {mem}B 内存，int8 池有 {b8} 块，float32 池 {b32} 块（{x}×）；{R} 个请求的"
-                      "贪心输出中 {pct}% 的 token 与 float32 相同（{whole}/{R} 个请求完全相同）。",
-        "obs_parted": "分歧处 float32 模型自己的前两名 logit 很接近（请求@输出位置: 差）：{gaps}；几乎平局，"
-                      "任何舍入都可能改变它，此后两次运行从不同的文字继续。",
-        "obs_forced": "另一种看法（teacher forcing）：把 float32 的 token 喂给 int8 池，每个位置都在同样的上下文里"
-                      "比较，它自己的 top-1 在 {pct}% 的位置与 float32 相同（{miss} 处不同）。",
-        "obs_not_parted": "没有一个请求分歧。",
-    },
-    "en": {
-        "model_real": "Model: SmolLM2-135M. The reference is the shipped weights (its GGUF is "
-                      "Q4_1, so the reference is those values in float32). Quality on {T} tokens "
-                      "of a text of the project's own; AWQ calibrates on another, {C} tokens.",
-        "model_stand_in": "Model: a small random model ({layers} layers, d={d}, vocab {vocab}) "
-                          "standing in for SmolLM2 ({why}), with a few loud "
-                          "channels planted (norm gains and key columns ×{loud}) as trained "
-                          "models have. The text is {T} random tokens.",
-        "why_quick": "--quick runs it, to be quick",
-        "why_missing": "SmolLM2 is not installed or would not load",
-        "bytes_title": "Bytes read per decoded token, and the bound memory bandwidth allows",
-        "kind": "format", "bits": "bits/weight", "bytes_tok": "bytes/token", "bound": "bound tok/s",
-        "kl": "KL/token", "agree": "top-1 agree", "ppl": "perplexity",
-        "bytes_note": "Bits/weight: the block matrices; the token table and the head (tied in "
-                      "SmolLM2) stay Q8_0 in the quantized formats, as in the shipped file, and "
-                      "norms float32. "
-                      "Bound = bandwidth {bw}B/s ÷ bytes/token (weights only, no KV cache). "
-                      "NumPy computes in float32 whatever the format, so this run decodes every "
-                      "format at {speed} tok/s (measured on float32).",
-        "quality_title": "Quality against the reference (KL of reference ‖ quantized, per token)",
-        "alpha_note": "AWQ's searched α (mean over layers): qkv {qkv}, o {o}, gate/up {gu}, "
-                      "down {down}.",
-        "kv_title": "The KV cache: outlier channels in the keys",
-        "layer": "layer", "k_ratio": "keys max/median", "v_ratio": "values max/median",
-        "k_loud": "key channels >4× median",
-        "kv_note": "Mean |k| per channel (over tokens and KV heads), after RoPE: the keys as "
-                   "cached. The {n} layers with the strongest outliers.",
-        "err_title": "The KV cache: error per token against per channel (relative Frobenius)",
-        "what": "tensor", "bits_col": "bits", "per_token": "per token",
-        "per_channel": "per channel (blocks of {b})", "keys": "keys", "values": "values",
-        "obs_bytes": "Bytes read per token: float32 {f32}B, Q8_0 {q8}B ({q8x}× fewer), Q4_0 "
-                     "{q4}B ({q4x}× fewer); at this machine's {bw}B/s the bound goes from {f32s} "
-                     "to {q4s} tokens/s. A bound: NumPy computes in float32, and this run "
-                     "measured {speed} tokens/s.",
-        "obs_q8": "Q8_0 is {verdict}: KL {kl}, top-1 agreement {agree}, perplexity {ppl} "
-                  "(reference {ref}).",
-        "q8_close": "close to lossless", "q8_not": "not close to lossless",
-        "obs_q41": "Q4_1 looks lossless (KL {kl}) only because the reference is Q4_1's own "
-                   "values: quantizing numbers that lie on a Q4_1 grid to Q4_1 finds the same "
-                   "grid. Q4_0, about as many bytes, has KL {q40}.",
-        "obs_rtn": "4-bit groups rounded to nearest (W4 g{g}) are {verdict}: KL {kl}, top-1 "
-                   "agreement {agree}, perplexity {ppl}.",
-        "rtn_worse": "measurably worse", "rtn_not": "not measurably worse",
-        "obs_awq_yes": "At the same bits, AWQ's scales lower the KL from {rtn} to {awq} ({x}× "
-                       "less; top-1 agreement {ra} → {aa}): the weights that meet loud "
-                       "activation channels land on a relatively finer grid.",
-        "obs_awq_no": "AWQ did not lower the KL this time: RTN {rtn}, AWQ {awq}.",
-        "obs_keys": "The keys have outlier channels: in layer {layer} the largest channel's "
-                    "mean |k| is {ratio}× the median channel's, the values' only {vratio}×. So "
-                    "int8 keys per token err {kt}, per channel {kc} ({x}× less); values per "
-                    "token {vt}, per channel {vc}.",
-        "obs_keys_int4": "At 4 bits the gap widens: keys per token {kt}, per channel {kc}.",
-        "engine_title": "The serving engine: an int8 KV pool in the same memory ({mem}B)",
-        "pool": "KV pool", "blocks": "blocks", "bytes": "bytes", "seconds": "time",
-        "engine_note": "int8: keys with a float16 scale per channel per block, values one per "
-                       "token and head; dequantized as a step gathers them. {R} requests, {n} "
-                       "greedy tokens each.",
-        "obs_engine": "In the same {mem}B the int8 pool holds {b8} blocks, the float32 one {b32} "
-                      "({x}×); the greedy outputs of {R} requests agree with float32's on {pct} % "
-                      "of tokens ({whole} of {R} requests throughout).",
-        "obs_parted": "Where they part, the float32 model's own top two logits were close "
-                      "(request@output position: gap): {gaps}; near ties that any rounding may "
-                      "tip, and from there the two runs continue from different texts.",
-        "obs_forced": "The other view, teacher forcing: fed float32's tokens, so that every "
-                      "position is judged in the same context, the int8 pool's own top-1 is "
-                      "float32's at {pct} % of positions; it differs at {miss}.",
-        "obs_not_parted": "No request parted from float32's tokens.",
-    },
-}
 
 
 # ---------------------------------------------------------------- the model
@@ -496,6 +377,129 @@ def render(result, lang):
                  for dtype, r in g["runs"].items()])
     print_text(t["engine_note"].format(R=g["requests"], n=g["new_tokens"]), style="dim")
     print_observations(observations(result, lang))
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "model_real": "模型：SmolLM2-135M。参照是随包发布的权重（其 GGUF 为 Q4_1，所以参照是这些权重的 "
+                      "float32 值）。质量在项目自己的一段 {T} 个 token 的文字上测量；AWQ 在另一段 "
+                      "{C} 个 token 上校准。",
+        "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，词表 {vocab}），代替 "
+                          "SmolLM2（{why}）；其中人为放了几个大数值通道（范数增益与键的列 "
+                          "×{loud}），如训练过的模型那样。文字是 {T} 个随机 token。",
+        "why_quick": "--quick 只用它，求快", "why_missing": "SmolLM2 没有安装或读不出来",
+        "bytes_title": "每解码一个 token 读的字节，与内存带宽允许的上限",
+        "kind": "格式", "bits": "位/权重", "bytes_tok": "字节/token", "bound": "上限 tok/s",
+        "kl": "KL/token", "agree": "top-1 一致", "ppl": "困惑度",
+        "bytes_note": "位/权重：块内矩阵；词表与输出头（SmolLM2 中二者绑定）在量化格式里保持 "
+                      "Q8_0，与发布的文件相同，范数保持 float32。上限 = 带宽 {bw}B/s ÷ 字节/token（只算权重，不算 KV 缓存）。"
+                      "NumPy 总以 float32 计算，所以本次运行每种格式都是 {speed} tok/s（float32 实测）。",
+        "quality_title": "质量：与参照相比（KL 是参照 ‖ 量化，按 token 平均）",
+        "alpha_note": "AWQ 搜索到的 α（各层平均）：qkv {qkv}，o {o}，gate/up {gu}，down {down}。",
+        "kv_title": "KV 缓存：键的离群通道",
+        "layer": "层", "k_ratio": "键 最大/中位", "v_ratio": "值 最大/中位", "k_loud": "键 >4×中位的通道",
+        "kv_note": "按通道的 |k| 平均（对 token 与 KV 头），RoPE 之后，即缓存里存的键。显示离群最强的 {n} 层。",
+        "err_title": "KV 缓存：按 token 与按通道量化的误差（相对 Frobenius 误差）",
+        "what": "张量", "bits_col": "位", "per_token": "按 token", "per_channel": "按通道（每 {b} token 块）",
+        "keys": "键", "values": "值",
+        "obs_bytes": "每个 token 读的字节：float32 {f32}B，Q8_0 {q8}B（{q8x}× 少），Q4_0 {q4}B（{q4x}× 少）；"
+                     "按本机带宽 {bw}B/s，上限从 {f32s} 到 {q4s} tok/s。这是上限：NumPy 以 float32 计算，本次"
+                     "实测 {speed} tok/s。",
+        "obs_q8": "Q8_0 {verdict}：KL {kl}，top-1 一致 {agree}，困惑度 {ppl}（参照 {ref}）。",
+        "q8_close": "接近无损", "q8_not": "并不接近无损",
+        "obs_q41": "Q4_1 几乎无损（KL {kl}）只因为参照本身就是 Q4_1 的值：把落在 Q4_1 网格上的数再量化成 "
+                   "Q4_1，会找回同一个网格。Q4_0 字节差不多，KL 却是 {q40}。",
+        "obs_rtn": "4 位按组就近取整（W4 g{g}）{verdict}：KL {kl}，top-1 一致 {agree}，困惑度 {ppl}。",
+        "rtn_worse": "明显更差", "rtn_not": "并没有明显更差",
+        "obs_awq_yes": "同样的位数，AWQ 的缩放把 KL 从 {rtn} 降到 {awq}（少 {x}×；top-1 一致 {ra} → {aa}）："
+                       "与大激活通道相乘的权重落在相对更细的网格上。",
+        "obs_awq_no": "这次 AWQ 没有降低 KL：RTN {rtn}，AWQ {awq}。",
+        "obs_keys": "键有离群通道：第 {layer} 层最大通道的平均 |k| 是中位通道的 {ratio}×，值只有 {vratio}×。"
+                    "所以 int8 按 token 的键误差 {kt}，按通道 {kc}（{x}×）；值按 token {vt}，按通道 {vc}。",
+        "obs_keys_int4": "到 4 位差别更大：键按 token {kt}，按通道 {kc}。",
+        "engine_title": "服务引擎：同样内存里的 int8 KV 池（{mem}B）",
+        "pool": "KV 池", "blocks": "块", "bytes": "字节", "seconds": "耗时",
+        "engine_note": "int8：键每块每通道一个 float16 缩放，值每 token 每头一个；读取时反量化。"
+                       "{R} 个请求，各贪心生成 {n} 个 token。",
+        "obs_engine": "同样 {mem}B 内存，int8 池有 {b8} 块，float32 池 {b32} 块（{x}×）；{R} 个请求的"
+                      "贪心输出中 {pct}% 的 token 与 float32 相同（{whole}/{R} 个请求完全相同）。",
+        "obs_parted": "分歧处 float32 模型自己的前两名 logit 很接近（请求@输出位置: 差）：{gaps}；几乎平局，"
+                      "任何舍入都可能改变它，此后两次运行从不同的文字继续。",
+        "obs_forced": "另一种看法（teacher forcing）：把 float32 的 token 喂给 int8 池，每个位置都在同样的上下文里"
+                      "比较，它自己的 top-1 在 {pct}% 的位置与 float32 相同（{miss} 处不同）。",
+        "obs_not_parted": "没有一个请求分歧。",
+    },
+    "en": {
+        "model_real": "Model: SmolLM2-135M. The reference is the shipped weights (its GGUF is "
+                      "Q4_1, so the reference is those values in float32). Quality on {T} tokens "
+                      "of a text of the project's own; AWQ calibrates on another, {C} tokens.",
+        "model_stand_in": "Model: a small random model ({layers} layers, d={d}, vocab {vocab}) "
+                          "standing in for SmolLM2 ({why}), with a few loud "
+                          "channels planted (norm gains and key columns ×{loud}) as trained "
+                          "models have. The text is {T} random tokens.",
+        "why_quick": "--quick runs it, to be quick",
+        "why_missing": "SmolLM2 is not installed or would not load",
+        "bytes_title": "Bytes read per decoded token, and the bound memory bandwidth allows",
+        "kind": "format", "bits": "bits/weight", "bytes_tok": "bytes/token", "bound": "bound tok/s",
+        "kl": "KL/token", "agree": "top-1 agree", "ppl": "perplexity",
+        "bytes_note": "Bits/weight: the block matrices; the token table and the head (tied in "
+                      "SmolLM2) stay Q8_0 in the quantized formats, as in the shipped file, and "
+                      "norms float32. "
+                      "Bound = bandwidth {bw}B/s ÷ bytes/token (weights only, no KV cache). "
+                      "NumPy computes in float32 whatever the format, so this run decodes every "
+                      "format at {speed} tok/s (measured on float32).",
+        "quality_title": "Quality against the reference (KL of reference ‖ quantized, per token)",
+        "alpha_note": "AWQ's searched α (mean over layers): qkv {qkv}, o {o}, gate/up {gu}, "
+                      "down {down}.",
+        "kv_title": "The KV cache: outlier channels in the keys",
+        "layer": "layer", "k_ratio": "keys max/median", "v_ratio": "values max/median",
+        "k_loud": "key channels >4× median",
+        "kv_note": "Mean |k| per channel (over tokens and KV heads), after RoPE: the keys as "
+                   "cached. The {n} layers with the strongest outliers.",
+        "err_title": "The KV cache: error per token against per channel (relative Frobenius)",
+        "what": "tensor", "bits_col": "bits", "per_token": "per token",
+        "per_channel": "per channel (blocks of {b})", "keys": "keys", "values": "values",
+        "obs_bytes": "Bytes read per token: float32 {f32}B, Q8_0 {q8}B ({q8x}× fewer), Q4_0 "
+                     "{q4}B ({q4x}× fewer); at this machine's {bw}B/s the bound goes from {f32s} "
+                     "to {q4s} tokens/s. A bound: NumPy computes in float32, and this run "
+                     "measured {speed} tokens/s.",
+        "obs_q8": "Q8_0 is {verdict}: KL {kl}, top-1 agreement {agree}, perplexity {ppl} "
+                  "(reference {ref}).",
+        "q8_close": "close to lossless", "q8_not": "not close to lossless",
+        "obs_q41": "Q4_1 looks lossless (KL {kl}) only because the reference is Q4_1's own "
+                   "values: quantizing numbers that lie on a Q4_1 grid to Q4_1 finds the same "
+                   "grid. Q4_0, about as many bytes, has KL {q40}.",
+        "obs_rtn": "4-bit groups rounded to nearest (W4 g{g}) are {verdict}: KL {kl}, top-1 "
+                   "agreement {agree}, perplexity {ppl}.",
+        "rtn_worse": "measurably worse", "rtn_not": "not measurably worse",
+        "obs_awq_yes": "At the same bits, AWQ's scales lower the KL from {rtn} to {awq} ({x}× "
+                       "less; top-1 agreement {ra} → {aa}): the weights that meet loud "
+                       "activation channels land on a relatively finer grid.",
+        "obs_awq_no": "AWQ did not lower the KL this time: RTN {rtn}, AWQ {awq}.",
+        "obs_keys": "The keys have outlier channels: in layer {layer} the largest channel's "
+                    "mean |k| is {ratio}× the median channel's, the values' only {vratio}×. So "
+                    "int8 keys per token err {kt}, per channel {kc} ({x}× less); values per "
+                    "token {vt}, per channel {vc}.",
+        "obs_keys_int4": "At 4 bits the gap widens: keys per token {kt}, per channel {kc}.",
+        "engine_title": "The serving engine: an int8 KV pool in the same memory ({mem}B)",
+        "pool": "KV pool", "blocks": "blocks", "bytes": "bytes", "seconds": "time",
+        "engine_note": "int8: keys with a float16 scale per channel per block, values one per "
+                       "token and head; dequantized as a step gathers them. {R} requests, {n} "
+                       "greedy tokens each.",
+        "obs_engine": "In the same {mem}B the int8 pool holds {b8} blocks, the float32 one {b32} "
+                      "({x}×); the greedy outputs of {R} requests agree with float32's on {pct} % "
+                      "of tokens ({whole} of {R} requests throughout).",
+        "obs_parted": "Where they part, the float32 model's own top two logits were close "
+                      "(request@output position: gap): {gaps}; near ties that any rounding may "
+                      "tip, and from there the two runs continue from different texts.",
+        "obs_forced": "The other view, teacher forcing: fed float32's tokens, so that every "
+                      "position is judged in the same context, the int8 pool's own top-1 is "
+                      "float32's at {pct} % of positions; it differs at {miss}.",
+        "obs_not_parted": "No request parted from float32's tokens.",
+    },
+}
 
 
 if __name__ == "__main__":

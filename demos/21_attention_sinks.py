@@ -54,177 +54,6 @@ TEXT_MODULES = ("ops", "positions", "attention", "params", "acts", "cache", "mla
                 "generation", "speculative", "config")
 
 TITLE = {"zh": "长上下文：注意力汇点与滑动窗口", "en": "Long context: sinks and windows"}
-TEXT = {
-    "zh": {
-        "model_real": "模型：SmolLM2-135M（float32，上下文 max_seq={ctx}），读入本项目自己的文字"
-                      "（lecture core 的 docstring）的前 {n} 个 token，每次 {chunk} 个："
-                      "StreamingCache 把一块算成逐个读入的结果（下面实测）；BLAS 1 线程。"
-                      "有界的变体都保存 {budget} 个 token。",
-        "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，max_seq={ctx}），代替 "
-                          "SmolLM2（{why}）；文字按字节读入 {n} 个 token，有界变体保存 {budget} 个。"
-                          "随机模型的数字说明不了汇点，只说明演示能跑。",
-        "why": {"missing": "未安装", "asked": "按要求：测试用的短运行"},
-        "mass_title": "每层注意力落在 token 0 上的比例（位置 ≥ {budget}，每 {every} 个位置取一次）",
-        "layer": "层", "full_col": "完整缓存：token 0", "sinks_col": "4 个汇点：全部",
-        "window_col": "仅窗口：最旧的 token",
-        "mass_note": "各头平均、各采样位置平均；均匀分配时 token 0 只得 {uniform}。"
-                     "“仅窗口”一列是窗口里最旧的那个 token（它此时在位置 0）所得的比例。",
-        "ppl_title": "困惑度与缓存大小（{n} 个 token）",
-        "variant": "变体", "held": "K/V 字节",
-        "ppl_after": "缓存满之后", "ppl_samples": "{r} 个采样", "vs_re": "Δnll 对重算",
-        "names": {"full": "完整缓存", "window": "仅窗口", "sinks": "窗口 + 4 个汇点",
-                  "recompute": "每步重算窗口", "far": "汇点远 {gap}"},
-        "ppl_note": "“缓存满之后”= 位置 {budget}..{last} 的困惑度（最早的 token 已离开）；"
-                    "“采样”= 在 {r} 个均匀分布的位置上的困惑度，重算窗口只在这些位置计算"
-                    "（它看到的正是窗口里的 {budget} 个 token，每个预测要算 {budget} 个 token，"
-                    "其余变体只算 1 个）。Δnll = 同一批位置上每个 token 的 nll "
-                    "减去重算窗口的，平均值 ± 标准误。"
-                    "“汇点远 g”：汇点按原始位置放在 g 个位置之前，相当于读了 g 个 token 之后"
-                    "仍用原始位置（RoPE 只看距离）。",
-        "time_title": "用时（本次运行实测）",
-        "curve_title": "每个 token 的 nll（64 个预测的滑动平均）",
-        "pass": "计算", "rows": "行", "seconds": "秒", "per_token": "每个预测",
-        "passes": {"full": "完整缓存，每次 {chunk} 个 token",
-                   "bounded": "有界变体同一批：先 {first} 个，再每次 {chunk} 个",
-                   "one_by_one": "有界变体同一批，逐个（{n} 个位置）",
-                   "recompute": "每步重算窗口（批量预填充）"},
-        "obs_mass": "{verdict}位置 ≥ {budget} 时，token 0 平均拿到各层注意力的 {mean}，"
-                    "是均匀分配（{uniform}）的 {times}×；{k}/{L} 层超过一半，最低的是第 {low} 层"
-                    "（{lowv}）。",
-        "sink_yes": "汇点存在：", "sink_no": "这里没有明显的汇点（不到均匀分配的 {t}×）：",
-        "obs_same": "缓存满之前，仅窗口与完整缓存给出相同的 logits（最大差 {diff}，float32 下分块与批形状"
-                    "不同的差别）：还没有 token 离开。",
-        "obs_chunks": "从缓存的副本逐个读入位置 {a}..{b}（最早的 token 正在离开）：与分块读入的 "
-                      "logits 最大差 {diff}，即分块算出的就是逐个读入的结果；逐个读入时 {rows} 行一起"
-                      "一步要 {step}。",
-        "obs_break": "最早的 token 离开后，在 {r} 个采样位置上仅窗口的困惑度是 {pw}，而每步重算同样的 "
-                     "{budget} 个 token（看到的正是仅窗口看到的）是 {pr}：每个 token 的 nll 差 {d}"
-                     "（同一批位置成对比较；平均值 ± 标准误，z 为两者之比）。{verdict}",
-        "window_breaks": "差了超过 {k} 个标准误：仅窗口崩了。",
-        "window_holds": "反而好了超过 {k} 个标准误：仅窗口没有崩。",
-        "window_open": "差不到 {k} 个标准误：这些采样分不出仅窗口崩没崩。",
-        "obs_repair": "加上 4 个汇点（总数仍是 {budget}）：采样位置上 {ps}，比重算窗口 nll {d}；"
-                      "在缓存满之后的全部 {m} 个位置上比仅窗口 {dw}。{verdict}",
-        "sinks_repair": "不比重算差、比仅窗口好（以 {k} 个标准误为界）：汇点把它修好了。",
-        "sinks_better": "比重算还好、比仅窗口好（以 {k} 个标准误为界）：汇点把它修好了。",
-        "sinks_fail": "比重算或比仅窗口差了超过 {k} 个标准误：汇点没有修好。",
-        "sinks_open": "以 {k} 个标准误为界还分不出（修好 = 不比重算差、且比仅窗口好）。",
-        "claim_confirms": "所以本次运行证实了 StreamingLLM 的说法：仅窗口在最早的 token 离开时崩溃，"
-                          "汇点把它修好，每步只算一个 token。",
-        "claim_refutes": "所以本次运行否定了 StreamingLLM 的说法（见上两条）。",
-        "claim_open": "所以本次运行既没有证实也没有否定 StreamingLLM 的说法：{r} 个采样在 {k} 个"
-                      "标准误下分不出{more}。",
-        "more": "（完整运行有 {R} 个）",
-        "obs_full": "与保存全部 token 的完整缓存比（最早的 token 离开后的 {m} 个预测）：仅窗口是它的"
-                    " {rw}×（{pw} 对 {pf}），离开后的 {budget} 个位置里是 {rjump}×；4 个汇点是 "
-                    "{rs}×，补回了差距的 {frac}。完整缓存是上限，任何 {budget} 个 token 的缓存都"
-                    "达不到，所以判定用的是重算窗口。",
-        "obs_far": "原始位置为什么不行：把汇点放到 {gap} 个位置之前（超过 max_seq={ctx}），"
-                   "缓存满之后的困惑度从 {ps} 变成 {pfar}（{ratio}×，每个 token 的 nll {d}）："
-                   "模型从没在那么远的距离上见过键。",
-        "obs_far_none": "把汇点放到 {gap} 个位置之前（超过 max_seq={ctx}）困惑度是 {pfar}，"
-                        "是缓存位置时（{ps}）的 {ratio}×（nll {d}，不到 {k} 个标准误）："
-                        "这个模型对汇点的距离不敏感。",
-        "obs_recompute": "重算窗口每个预测要算 {budget} 个 token：实测每个预测 {tr}，"
-                         "而有界变体逐个读入时一步（{rows} 行一起）{tb}。",
-        "obs_bytes": "内存：完整缓存最后存了 {nf} 个 token 的 K/V（{bf}），且随文字增长；"
-                     "有界变体固定存 {budget} 个（{bb}），是它的 1/{ratio}。",
-    },
-    "en": {
-        "model_real": "Model: SmolLM2-135M (float32, context max_seq={ctx}), fed the first {n} "
-                      "tokens of the project's own text (the lecture core's docstrings) "
-                      "{chunk} at a time, which StreamingCache computes as one at a time "
-                      "(measured below); 1 BLAS thread. Every bounded variant holds {budget} "
-                      "tokens.",
-        "model_stand_in": "Model: a small random model ({layers} layers, d={d}, max_seq={ctx}) "
-                          "standing in for SmolLM2 ({why}); the text read as {n} byte "
-                          "tokens, bounded variants hold {budget}. A random model's numbers say "
-                          "nothing about sinks; they only show the demo runs.",
-        "why": {"missing": "not installed", "asked": "as asked: the tests' short run"},
-        "mass_title": "Attention mass on token 0 by layer (positions ≥ {budget}, every {every}th)",
-        "layer": "layer", "full_col": "full cache: token 0", "sinks_col": "4 sinks: all",
-        "window_col": "window: its oldest",
-        "mass_note": "Mean over heads and sampled positions; a uniform share would give token 0 "
-                     "{uniform}. The window column is the share of the window's oldest token "
-                     "(at position 0 by then).",
-        "ppl_title": "Perplexity and cache size ({n} tokens)",
-        "variant": "variant", "held": "K/V bytes",
-        "ppl_after": "once full", "ppl_samples": "{r} samples", "vs_re": "Δnll vs re",
-        "names": {"full": "full cache", "window": "window alone", "sinks": "window + 4 sinks",
-                  "recompute": "recompute window", "far": "sinks {gap} back"},
-        "ppl_note": "Once full = perplexity over positions {budget}..{last} (the first tokens "
-                    "have left); samples = over {r} evenly spaced positions, the only ones where "
-                    "the window is recomputed (from exactly the {budget} tokens the window "
-                    "holds, computing {budget} tokens per prediction where the others compute 1). "
-                    "Δnll = nll per token minus the recompute's at the same samples, "
-                    "mean ± standard error. Sinks g back: the sinks placed g positions earlier, "
-                    "as original positions would put them after g tokens (RoPE sees only "
-                    "distances).",
-        "time_title": "Time (measured in this run)",
-        "curve_title": "nll per token (running mean of 64 predictions)",
-        "pass": "pass", "rows": "rows", "seconds": "s", "per_token": "per prediction",
-        "passes": {"full": "full cache, {chunk} tokens at a time",
-                   "bounded": "bounded, one batch: {first}, then {chunk} at a time",
-                   "one_by_one": "bounded, one batch, 1 by 1 ({n} positions)",
-                   "recompute": "recompute the window (batched prefills)"},
-        "obs_mass": "{verdict}at positions ≥ {budget} token 0 takes {mean} of the attention "
-                    "averaged over layers, {times}× a uniform share ({uniform}); more than half "
-                    "in {k} of {L} layers, least in layer {low} ({lowv}).",
-        "sink_yes": "The sinks are there: ",
-        "sink_no": "No clear sink here (less than {t}× a uniform share): ",
-        "obs_same": "Until the cache is full, the window alone gives the full cache's logits "
-                    "(largest difference {diff}, float32 in chunks and batches of other "
-                    "shapes): no token has left yet.",
-        "obs_chunks": "Fed one at a time from a copy of the cache, positions {a}..{b} (the first "
-                      "tokens leaving) give the chunks' logits (largest difference {diff}): the "
-                      "chunks compute what one token at a time does. One at a time, a step of "
-                      "the {rows} rows takes {step}.",
-        "obs_break": "Once the first tokens leave, at the {r} samples the window alone scores "
-                     "perplexity {pw}, against {pr} for recomputing the same {budget} tokens "
-                     "afresh, which sees exactly what the window sees: nll {d} per token, "
-                     "paired at the same samples (mean ± standard error; z, their ratio). "
-                     "{verdict}",
-        "window_breaks": "Worse by more than {k} standard errors: the window alone breaks.",
-        "window_holds": "Better by more than {k} standard errors: the window alone holds up.",
-        "window_open": "Within {k} standard errors: these samples cannot tell whether the window "
-                       "alone breaks.",
-        "obs_repair": "With 4 sinks (still {budget} tokens in all): {ps} at the samples, nll {d} "
-                      "against the recompute; against the window alone {dw} over all {m} "
-                      "positions once full. {verdict}",
-        "sinks_repair": "No worse than the recompute and better than the window alone (by {k} "
-                        "standard errors): the sinks repair it.",
-        "sinks_better": "Better than the recompute, and than the window alone (by {k} "
-                        "standard errors): the sinks repair it.",
-        "sinks_fail": "Worse than the recompute or the window alone by more than {k} standard "
-                      "errors: the sinks do not repair it.",
-        "sinks_open": "Not decided within {k} standard errors (a repair is no worse than the "
-                      "recompute and better than the window alone).",
-        "claim_confirms": "So this run confirms StreamingLLM's claim: the window alone breaks "
-                          "when the first tokens leave, and the sinks repair it, at one token's "
-                          "work per step.",
-        "claim_refutes": "So this run refutes StreamingLLM's claim (the two points above).",
-        "claim_open": "So this run neither confirms nor refutes StreamingLLM's claim: {r} samples "
-                      "do not decide it at {k} standard errors{more}.",
-        "more": " (the full run has {R})",
-        "obs_full": "Against the full cache, which keeps every token ({m} predictions after the "
-                    "first left): the window alone {rw}× its perplexity ({pw} against {pf}), "
-                    "{rjump}× over the {budget} positions right after; 4 sinks {rs}×, {frac} of "
-                    "the gap recovered. No {budget}-token cache reaches that ceiling, so the bar "
-                    "above is the recompute.",
-        "obs_far": "Why not original positions: with the sinks {gap} positions back (past "
-                   "max_seq={ctx}) perplexity once full goes from {ps} to {pfar} ({ratio}×, nll "
-                   "{d} per token): the model never saw a key that far away.",
-        "obs_far_none": "With the sinks {gap} positions back (past max_seq={ctx}) perplexity is "
-                        "{pfar}, {ratio}× the cache positions' {ps} (nll {d} per token, "
-                        "within {k} standard errors): this model does not mind the sinks' "
-                        "distance.",
-        "obs_recompute": "Recomputing the window costs {budget} tokens per prediction: {tr} "
-                         "measured, against {tb} for a one-token step of all {rows} bounded "
-                         "rows together.",
-        "obs_bytes": "Memory: the full cache ends holding {nf} tokens' K/V ({bf}) and grows with "
-                     "the text; each bounded variant holds {budget} ({bb}), 1/{ratio} of it.",
-    },
-}
 
 
 # ---------------------------------------------------------------- the model and the text
@@ -622,6 +451,181 @@ def figures(result, lang):
     left.set_title(t["curve_title"], fontsize=9)
     left.legend(fontsize=8)
     return {"nll_and_mass": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "model_real": "模型：SmolLM2-135M（float32，上下文 max_seq={ctx}），读入本项目自己的文字"
+                      "（lecture core 的 docstring）的前 {n} 个 token，每次 {chunk} 个："
+                      "StreamingCache 把一块算成逐个读入的结果（下面实测）；BLAS 1 线程。"
+                      "有界的变体都保存 {budget} 个 token。",
+        "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，max_seq={ctx}），代替 "
+                          "SmolLM2（{why}）；文字按字节读入 {n} 个 token，有界变体保存 {budget} 个。"
+                          "随机模型的数字说明不了汇点，只说明演示能跑。",
+        "why": {"missing": "未安装", "asked": "按要求：测试用的短运行"},
+        "mass_title": "每层注意力落在 token 0 上的比例（位置 ≥ {budget}，每 {every} 个位置取一次）",
+        "layer": "层", "full_col": "完整缓存：token 0", "sinks_col": "4 个汇点：全部",
+        "window_col": "仅窗口：最旧的 token",
+        "mass_note": "各头平均、各采样位置平均；均匀分配时 token 0 只得 {uniform}。"
+                     "“仅窗口”一列是窗口里最旧的那个 token（它此时在位置 0）所得的比例。",
+        "ppl_title": "困惑度与缓存大小（{n} 个 token）",
+        "variant": "变体", "held": "K/V 字节",
+        "ppl_after": "缓存满之后", "ppl_samples": "{r} 个采样", "vs_re": "Δnll 对重算",
+        "names": {"full": "完整缓存", "window": "仅窗口", "sinks": "窗口 + 4 个汇点",
+                  "recompute": "每步重算窗口", "far": "汇点远 {gap}"},
+        "ppl_note": "“缓存满之后”= 位置 {budget}..{last} 的困惑度（最早的 token 已离开）；"
+                    "“采样”= 在 {r} 个均匀分布的位置上的困惑度，重算窗口只在这些位置计算"
+                    "（它看到的正是窗口里的 {budget} 个 token，每个预测要算 {budget} 个 token，"
+                    "其余变体只算 1 个）。Δnll = 同一批位置上每个 token 的 nll "
+                    "减去重算窗口的，平均值 ± 标准误。"
+                    "“汇点远 g”：汇点按原始位置放在 g 个位置之前，相当于读了 g 个 token 之后"
+                    "仍用原始位置（RoPE 只看距离）。",
+        "time_title": "用时（本次运行实测）",
+        "curve_title": "每个 token 的 nll（64 个预测的滑动平均）",
+        "pass": "计算", "rows": "行", "seconds": "秒", "per_token": "每个预测",
+        "passes": {"full": "完整缓存，每次 {chunk} 个 token",
+                   "bounded": "有界变体同一批：先 {first} 个，再每次 {chunk} 个",
+                   "one_by_one": "有界变体同一批，逐个（{n} 个位置）",
+                   "recompute": "每步重算窗口（批量预填充）"},
+        "obs_mass": "{verdict}位置 ≥ {budget} 时，token 0 平均拿到各层注意力的 {mean}，"
+                    "是均匀分配（{uniform}）的 {times}×；{k}/{L} 层超过一半，最低的是第 {low} 层"
+                    "（{lowv}）。",
+        "sink_yes": "汇点存在：", "sink_no": "这里没有明显的汇点（不到均匀分配的 {t}×）：",
+        "obs_same": "缓存满之前，仅窗口与完整缓存给出相同的 logits（最大差 {diff}，float32 下分块与批形状"
+                    "不同的差别）：还没有 token 离开。",
+        "obs_chunks": "从缓存的副本逐个读入位置 {a}..{b}（最早的 token 正在离开）：与分块读入的 "
+                      "logits 最大差 {diff}，即分块算出的就是逐个读入的结果；逐个读入时 {rows} 行一起"
+                      "一步要 {step}。",
+        "obs_break": "最早的 token 离开后，在 {r} 个采样位置上仅窗口的困惑度是 {pw}，而每步重算同样的 "
+                     "{budget} 个 token（看到的正是仅窗口看到的）是 {pr}：每个 token 的 nll 差 {d}"
+                     "（同一批位置成对比较；平均值 ± 标准误，z 为两者之比）。{verdict}",
+        "window_breaks": "差了超过 {k} 个标准误：仅窗口崩了。",
+        "window_holds": "反而好了超过 {k} 个标准误：仅窗口没有崩。",
+        "window_open": "差不到 {k} 个标准误：这些采样分不出仅窗口崩没崩。",
+        "obs_repair": "加上 4 个汇点（总数仍是 {budget}）：采样位置上 {ps}，比重算窗口 nll {d}；"
+                      "在缓存满之后的全部 {m} 个位置上比仅窗口 {dw}。{verdict}",
+        "sinks_repair": "不比重算差、比仅窗口好（以 {k} 个标准误为界）：汇点把它修好了。",
+        "sinks_better": "比重算还好、比仅窗口好（以 {k} 个标准误为界）：汇点把它修好了。",
+        "sinks_fail": "比重算或比仅窗口差了超过 {k} 个标准误：汇点没有修好。",
+        "sinks_open": "以 {k} 个标准误为界还分不出（修好 = 不比重算差、且比仅窗口好）。",
+        "claim_confirms": "所以本次运行证实了 StreamingLLM 的说法：仅窗口在最早的 token 离开时崩溃，"
+                          "汇点把它修好，每步只算一个 token。",
+        "claim_refutes": "所以本次运行否定了 StreamingLLM 的说法（见上两条）。",
+        "claim_open": "所以本次运行既没有证实也没有否定 StreamingLLM 的说法：{r} 个采样在 {k} 个"
+                      "标准误下分不出{more}。",
+        "more": "（完整运行有 {R} 个）",
+        "obs_full": "与保存全部 token 的完整缓存比（最早的 token 离开后的 {m} 个预测）：仅窗口是它的"
+                    " {rw}×（{pw} 对 {pf}），离开后的 {budget} 个位置里是 {rjump}×；4 个汇点是 "
+                    "{rs}×，补回了差距的 {frac}。完整缓存是上限，任何 {budget} 个 token 的缓存都"
+                    "达不到，所以判定用的是重算窗口。",
+        "obs_far": "原始位置为什么不行：把汇点放到 {gap} 个位置之前（超过 max_seq={ctx}），"
+                   "缓存满之后的困惑度从 {ps} 变成 {pfar}（{ratio}×，每个 token 的 nll {d}）："
+                   "模型从没在那么远的距离上见过键。",
+        "obs_far_none": "把汇点放到 {gap} 个位置之前（超过 max_seq={ctx}）困惑度是 {pfar}，"
+                        "是缓存位置时（{ps}）的 {ratio}×（nll {d}，不到 {k} 个标准误）："
+                        "这个模型对汇点的距离不敏感。",
+        "obs_recompute": "重算窗口每个预测要算 {budget} 个 token：实测每个预测 {tr}，"
+                         "而有界变体逐个读入时一步（{rows} 行一起）{tb}。",
+        "obs_bytes": "内存：完整缓存最后存了 {nf} 个 token 的 K/V（{bf}），且随文字增长；"
+                     "有界变体固定存 {budget} 个（{bb}），是它的 1/{ratio}。",
+    },
+    "en": {
+        "model_real": "Model: SmolLM2-135M (float32, context max_seq={ctx}), fed the first {n} "
+                      "tokens of the project's own text (the lecture core's docstrings) "
+                      "{chunk} at a time, which StreamingCache computes as one at a time "
+                      "(measured below); 1 BLAS thread. Every bounded variant holds {budget} "
+                      "tokens.",
+        "model_stand_in": "Model: a small random model ({layers} layers, d={d}, max_seq={ctx}) "
+                          "standing in for SmolLM2 ({why}); the text read as {n} byte "
+                          "tokens, bounded variants hold {budget}. A random model's numbers say "
+                          "nothing about sinks; they only show the demo runs.",
+        "why": {"missing": "not installed", "asked": "as asked: the tests' short run"},
+        "mass_title": "Attention mass on token 0 by layer (positions ≥ {budget}, every {every}th)",
+        "layer": "layer", "full_col": "full cache: token 0", "sinks_col": "4 sinks: all",
+        "window_col": "window: its oldest",
+        "mass_note": "Mean over heads and sampled positions; a uniform share would give token 0 "
+                     "{uniform}. The window column is the share of the window's oldest token "
+                     "(at position 0 by then).",
+        "ppl_title": "Perplexity and cache size ({n} tokens)",
+        "variant": "variant", "held": "K/V bytes",
+        "ppl_after": "once full", "ppl_samples": "{r} samples", "vs_re": "Δnll vs re",
+        "names": {"full": "full cache", "window": "window alone", "sinks": "window + 4 sinks",
+                  "recompute": "recompute window", "far": "sinks {gap} back"},
+        "ppl_note": "Once full = perplexity over positions {budget}..{last} (the first tokens "
+                    "have left); samples = over {r} evenly spaced positions, the only ones where "
+                    "the window is recomputed (from exactly the {budget} tokens the window "
+                    "holds, computing {budget} tokens per prediction where the others compute 1). "
+                    "Δnll = nll per token minus the recompute's at the same samples, "
+                    "mean ± standard error. Sinks g back: the sinks placed g positions earlier, "
+                    "as original positions would put them after g tokens (RoPE sees only "
+                    "distances).",
+        "time_title": "Time (measured in this run)",
+        "curve_title": "nll per token (running mean of 64 predictions)",
+        "pass": "pass", "rows": "rows", "seconds": "s", "per_token": "per prediction",
+        "passes": {"full": "full cache, {chunk} tokens at a time",
+                   "bounded": "bounded, one batch: {first}, then {chunk} at a time",
+                   "one_by_one": "bounded, one batch, 1 by 1 ({n} positions)",
+                   "recompute": "recompute the window (batched prefills)"},
+        "obs_mass": "{verdict}at positions ≥ {budget} token 0 takes {mean} of the attention "
+                    "averaged over layers, {times}× a uniform share ({uniform}); more than half "
+                    "in {k} of {L} layers, least in layer {low} ({lowv}).",
+        "sink_yes": "The sinks are there: ",
+        "sink_no": "No clear sink here (less than {t}× a uniform share): ",
+        "obs_same": "Until the cache is full, the window alone gives the full cache's logits "
+                    "(largest difference {diff}, float32 in chunks and batches of other "
+                    "shapes): no token has left yet.",
+        "obs_chunks": "Fed one at a time from a copy of the cache, positions {a}..{b} (the first "
+                      "tokens leaving) give the chunks' logits (largest difference {diff}): the "
+                      "chunks compute what one token at a time does. One at a time, a step of "
+                      "the {rows} rows takes {step}.",
+        "obs_break": "Once the first tokens leave, at the {r} samples the window alone scores "
+                     "perplexity {pw}, against {pr} for recomputing the same {budget} tokens "
+                     "afresh, which sees exactly what the window sees: nll {d} per token, "
+                     "paired at the same samples (mean ± standard error; z, their ratio). "
+                     "{verdict}",
+        "window_breaks": "Worse by more than {k} standard errors: the window alone breaks.",
+        "window_holds": "Better by more than {k} standard errors: the window alone holds up.",
+        "window_open": "Within {k} standard errors: these samples cannot tell whether the window "
+                       "alone breaks.",
+        "obs_repair": "With 4 sinks (still {budget} tokens in all): {ps} at the samples, nll {d} "
+                      "against the recompute; against the window alone {dw} over all {m} "
+                      "positions once full. {verdict}",
+        "sinks_repair": "No worse than the recompute and better than the window alone (by {k} "
+                        "standard errors): the sinks repair it.",
+        "sinks_better": "Better than the recompute, and than the window alone (by {k} "
+                        "standard errors): the sinks repair it.",
+        "sinks_fail": "Worse than the recompute or the window alone by more than {k} standard "
+                      "errors: the sinks do not repair it.",
+        "sinks_open": "Not decided within {k} standard errors (a repair is no worse than the "
+                      "recompute and better than the window alone).",
+        "claim_confirms": "So this run confirms StreamingLLM's claim: the window alone breaks "
+                          "when the first tokens leave, and the sinks repair it, at one token's "
+                          "work per step.",
+        "claim_refutes": "So this run refutes StreamingLLM's claim (the two points above).",
+        "claim_open": "So this run neither confirms nor refutes StreamingLLM's claim: {r} samples "
+                      "do not decide it at {k} standard errors{more}.",
+        "more": " (the full run has {R})",
+        "obs_full": "Against the full cache, which keeps every token ({m} predictions after the "
+                    "first left): the window alone {rw}× its perplexity ({pw} against {pf}), "
+                    "{rjump}× over the {budget} positions right after; 4 sinks {rs}×, {frac} of "
+                    "the gap recovered. No {budget}-token cache reaches that ceiling, so the bar "
+                    "above is the recompute.",
+        "obs_far": "Why not original positions: with the sinks {gap} positions back (past "
+                   "max_seq={ctx}) perplexity once full goes from {ps} to {pfar} ({ratio}×, nll "
+                   "{d} per token): the model never saw a key that far away.",
+        "obs_far_none": "With the sinks {gap} positions back (past max_seq={ctx}) perplexity is "
+                        "{pfar}, {ratio}× the cache positions' {ps} (nll {d} per token, "
+                        "within {k} standard errors): this model does not mind the sinks' "
+                        "distance.",
+        "obs_recompute": "Recomputing the window costs {budget} tokens per prediction: {tr} "
+                         "measured, against {tb} for a one-token step of all {rows} bounded "
+                         "rows together.",
+        "obs_bytes": "Memory: the full cache ends holding {nf} tokens' K/V ({bf}) and grows with "
+                     "the text; each bounded variant holds {budget} ({bb}), 1/{ratio} of it.",
+    },
+}
 
 
 if __name__ == "__main__":
