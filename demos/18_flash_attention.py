@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Demo 18 — FlashAttention: attention one tile at a time, never the T x S scores.
 
-Six looks at transformer_lab.flash:
+The lines it teaches: the loop of transformer_lab/flash.py's flash_attention, `for s0, s1,
+masked in keys:` (one tile of scores, the running max m, the running sum l, the output o
+rescaled by exp(m - m_new)), the backward from the logsumexp under it, merge_attention
+and the tile loop's counts (flash_tiles, flash_io). Six looks at them:
 1. exactness: the tiled form (any tile sizes) and the logsumexp merge of partial
    results equal the plain attention; the backward from the lse equals the plain one;
 2. peak memory, measured with tracemalloc, of the plain form (the whole score matrix),
@@ -20,7 +23,8 @@ import sys
 import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import fmt_time, print_observations, print_section, print_table, print_text
+from console import (fmt_bytes, fmt_pct, fmt_time, print_observations, print_section,
+                     print_table, print_text)
 from transformer_lab import (attention_core, attention_core_backward, attention_reference,
                              flash_attention, flash_attention_backward, flash_io, flash_tiles,
                              init_params, llama_config, merge_attention)
@@ -29,43 +33,14 @@ from transformer_lab.serve import LLM, SamplingParams
 
 NUMBER = 18
 SEED = 18
-# 1. exactness: GQA with 4 query heads per K/V head, blocks that divide T and ones that do not
-EXACT = dict(B=2, T=200, H=8, G=2, D=64)
-ODD_BLOCKS = (37, 53)
-SPLITS = (0, 23, 24, 101, 160, 200)  # key ranges of the merged form, one of a single key
-# 2. memory: one head, D = 64, float32 (per head: the score matrix is T*T*4 bytes)
-MEM_T, QUICK_MEM_T = (512, 1024, 2048, 4096), (512, 1024, 2048)
-MEM_D = 64
-# 3. traffic: T = S = 4096, D = 64, float32, fast memory 16 KiB .. 512 KiB
-IO_T, IO_D, IO_SRAM = 4096, 64, tuple(16 * 1024 * 2 ** i for i in range(6))
-# 4. causal tiles: n x n tiles of 64
-SKIP_BLOCK, SKIP_N = 64, (1, 2, 4, 8, 16, 32, 64)
-# 5. time: B = 1, H = 8, G = 2, D = 64, float32, one BLAS thread
-TIME = dict(B=1, H=8, G=2, D=64)
-TIME_T, QUICK_TIME_T = 2048, 512
-TIME_BLOCKS = (16, 64, 256)
-REPEATS, QUICK_REPEATS = 5, 3
-# 6. split-K: demo 15's small model and blocks of 16
-MODEL = dict(vocab=2048, d_model=128, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=384, max_seq=256)
-PAGE, PAGE_PROMPTS, PAGE_STEPS = 16, (70, 41), 4
-
 TITLE = {"zh": "FlashAttention：分块的注意力", "en": "FlashAttention: attention in tiles"}
 
-MEM_FORMS = ("plain", "core", "flash")
-
-
-def qkv(rng, B, T, S, H, G, D, dtype=np.float32):
-    q = rng.standard_normal((B, T, H, D)).astype(dtype)
-    k = rng.standard_normal((B, S, G, D)).astype(dtype)
-    v = rng.standard_normal((B, S, G, D)).astype(dtype)
-    return q, k, v
-
-
-def rel_err(a, b):
-    return float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
-
-
 # ---------------------------------------------------------------- 1. exactness
+
+EXACT = dict(B=2, T=200, H=8, G=2, D=64)  # GQA: 4 query heads per K/V head
+ODD_BLOCKS = (37, 53)  # tiles that divide neither T nor S
+SPLITS = (0, 23, 24, 101, 160, 200)  # key ranges of the merged form, one of a single key
+
 
 def exact_part():
     c = EXACT
@@ -93,7 +68,24 @@ def exact_part():
     return {**c, "odd_blocks": list(ODD_BLOCKS), "splits": len(SPLITS) - 1, **rows}
 
 
+def qkv(rng, B, T, S, H, G, D, dtype=np.float32):
+    q = rng.standard_normal((B, T, H, D)).astype(dtype)
+    k = rng.standard_normal((B, S, G, D)).astype(dtype)
+    v = rng.standard_normal((B, S, G, D)).astype(dtype)
+    return q, k, v
+
+
+def rel_err(a, b):
+    return float(np.abs(a.astype(np.float64) - b).max() / np.abs(b).max())
+
+
 # ---------------------------------------------------------------- 2. memory
+
+# One head, D = 64, float32 (per head the score matrix is T*T*4 bytes).
+MEM_T, QUICK_MEM_T = (512, 1024, 2048, 4096), (512, 1024, 2048)
+MEM_D = 64
+MEM_FORMS = ("plain", "core", "flash")
+
 
 def memory_part(lengths):
     rows = []
@@ -110,6 +102,9 @@ def memory_part(lengths):
 
 
 # ---------------------------------------------------------------- 3. slow-memory traffic
+
+IO_T, IO_D, IO_SRAM = 4096, 64, tuple(16 * 1024 * 2 ** i for i in range(6))  # 16-512 KiB fast
+
 
 def io_part():
     rows = []
@@ -128,6 +123,9 @@ def io_part():
 
 # ---------------------------------------------------------------- 4. causal tiles skipped
 
+SKIP_BLOCK, SKIP_N = 64, (1, 2, 4, 8, 16, 32, 64)  # n x n tiles of 64
+
+
 def skip_part():
     rows = []
     for n in SKIP_N:
@@ -139,6 +137,12 @@ def skip_part():
 
 
 # ---------------------------------------------------------------- 5. time
+
+TIME = dict(B=1, H=8, G=2, D=64)  # float32, one BLAS thread
+TIME_T, QUICK_TIME_T = 2048, 512
+TIME_BLOCKS = (16, 64, 256)
+REPEATS, QUICK_REPEATS = 5, 3
+
 
 def time_part(T, repeats):
     c = TIME
@@ -168,6 +172,11 @@ def time_part(T, repeats):
 
 
 # ---------------------------------------------------------------- 6. split-K over the engine's pages
+
+# Demo 15's small model and blocks of 16.
+MODEL = dict(vocab=2048, d_model=128, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=384, max_seq=256)
+PAGE, PAGE_PROMPTS, PAGE_STEPS = 16, (70, 41), 4
+
 
 def split_k(q, pool, layer, table, length):
     """Attention of q [1, 1, H, D] over the first `length` tokens of a block table, one block
@@ -223,21 +232,70 @@ def compute(quick=False):
                 "pages": pages_part()}
 
 
+# ---------------------------------------------------------------- what the results say
+
+def findings(result):
+    """The facts the observations state, computed from the results."""
+    ex, mem, io, sk, tm, pg = (result[k] for k in ("exact", "memory", "io", "skip", "time",
+                                                   "pages"))
+    last, prev, top = mem["rows"][-1], mem["rows"][-2], io["rows"][-1]
+    rows, small, big = tm["rows"], f"flash{TIME_BLOCKS[0]}", f"flash{TIME_BLOCKS[-1]}"
+    return {
+        "odd_blocks": ex["odd_blocks"], "splits": ex["splits"],
+        "tiled_err": {d: max(ex[d][k] for k in ("tiled", "odd")) for d in ("float32", "float64")},
+        "merged_err": ex["float64"]["merged"], "bwd_err": ex["float64"]["bwd"],
+        "mem_T": last["T"], "plain_peak": last["plain"], "plain_x": last["plain_x"],
+        "flash_peak": last["flash"], "flash_share": last["share"],
+        "out_share": last["out_bytes"] / last["flash"], "growth_T": (prev["T"], last["T"]),
+        "growth": {f: mem["growth"][f] for f in ("plain", "flash")},
+        "io_ratio": (io["ratio_min"], io["ratio_max"]), "io_plain": top["plain"],
+        "io_sram": top["sram"], "io_share": top["flash"] / top["plain"], "io_fixed": io["fixed"],
+        "io_tiles": io["last_tiles"], "skip": {k: sk["rows"][-1][k] for k in ("n", "visited",
+                                                                              "skipped")},
+        "flash_faster": tm["flash_faster"], "tile_bytes": tm["tile_bytes"],
+        "core_block_bytes": tm["core_block_bytes"], "flash64_s": rows["flash64"]["best_s"],
+        "flash64_x": rows["flash64"]["vs_core"], "core_s": rows["core"]["best_s"],
+        "blocks": {b: (rows[k]["tiles"], rows[k]["best_s"]) for b, k in
+                   ((TIME_BLOCKS[0], small), (TIME_BLOCKS[-1], big))},
+        "per_tile_s": tm["per_tile_s"], "pages_n": len(pg["rows"]), "pages_blocks": pg["blocks"],
+        "pages_once": all(r["once"] for r in pg["rows"]), "pages_diff": pg["max_diff"],
+        "gather_bytes": pg["gather_bytes"]}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    (bq, bk), (small, big) = f["odd_blocks"], (TIME_BLOCKS[0], TIME_BLOCKS[-1])
+    verdict = (t["verdict_fast"].format(tile=fmt_bytes(f["tile_bytes"]),
+                                        block=fmt_bytes(f["core_block_bytes"]))
+               if f["flash_faster"] else t["verdict_slow"])
+    return [
+        t["obs_exact"].format(bq=bq, bk=bk, e32=_err(f["tiled_err"]["float32"]),
+                              e64=_err(f["tiled_err"]["float64"]), n=f["splits"],
+                              m64=_err(f["merged_err"]), b64=_err(f["bwd_err"])),
+        t["obs_mem"].format(T=f["mem_T"], plain=fmt_bytes(f["plain_peak"]),
+                            x=f"{f['plain_x']:.1f}", flash=fmt_bytes(f["flash_peak"]),
+                            share=fmt_pct(f["flash_share"]), out=fmt_pct(f["out_share"]),
+                            t0=f["growth_T"][0], t1=f["growth_T"][1],
+                            gp=f"{f['growth']['plain']:.1f}", gf=f"{f['growth']['flash']:.1f}"),
+        t["obs_io"].format(lo=f"{f['io_ratio'][0]:.3f}", hi=f"{f['io_ratio'][1]:.3f}",
+                           plain=fmt_bytes(f["io_plain"]), m=fmt_bytes(f["io_sram"]),
+                           share=fmt_pct(f["io_share"]), fixed=fmt_bytes(f["io_fixed"]),
+                           n=f["io_tiles"]),
+        t["obs_skip"].format(n=f["skip"]["n"], v=f["skip"]["visited"], s=f["skip"]["skipped"]),
+        t["obs_time"].format(verdict=verdict, b=64, t=fmt_time(f["flash64_s"]),
+                             x=f"{f['flash64_x']:.2f}", tc=fmt_time(f["core_s"]), big=big,
+                             small=small, nb=f["blocks"][big][0], ns=f["blocks"][small][0],
+                             tb=fmt_time(f["blocks"][big][1]), ts=fmt_time(f["blocks"][small][1]),
+                             per=fmt_time(f["per_tile_s"])),
+        t["obs_pages"].format(n=f["pages_n"], blocks=f["pages_blocks"],
+                              diff=_err(f["pages_diff"]), copy=fmt_bytes(f["gather_bytes"])),
+    ]
+
+
 # ---------------------------------------------------------------- render
-
-def _bytes(n):
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
 
 def _err(x):
     return "0" if x == 0 else f"{x:.1e}"
-
-
-def _pct(x):
-    return f"{x:.1%}"
 
 
 def render(result, lang="zh"):
@@ -257,15 +315,15 @@ def render(result, lang="zh"):
     mem = result["memory"]
     print_section(t["mem"].format(D=mem["D"]))
     print_table([t["T"], t["scores"], t["plain"], t["core_col"], t["flash"], t["share"]],
-                [[r["T"], _bytes(r["scores"]), _bytes(r["plain"]), _bytes(r["core"]),
-                  _bytes(r["flash"]), _pct(r["share"])] for r in mem["rows"]])
+                [[r["T"], fmt_bytes(r["scores"]), fmt_bytes(r["plain"]), fmt_bytes(r["core"]),
+                  fmt_bytes(r["flash"]), fmt_pct(r["share"])] for r in mem["rows"]])
 
     io = result["io"]
     print_section(t["io"].format(T=io["T"], D=io["D"]))
     print_table([t["sram"], t["blocks"], t["flash_c"], t["ratio"], t["flash_f"], t["plain_io"]],
-                [[_bytes(r["sram"]), f"{r['block_q']}×{r['block_k']}", _bytes(r["flash"]),
-                  f"{r['ratio']:.3f}" if "ratio" in r else "", _bytes(r["full"]),
-                  _bytes(r["plain"])] for r in io["rows"]])
+                [[fmt_bytes(r["sram"]), f"{r['block_q']}×{r['block_k']}", fmt_bytes(r["flash"]),
+                  f"{r['ratio']:.3f}" if "ratio" in r else "", fmt_bytes(r["full"]),
+                  fmt_bytes(r["plain"])] for r in io["rows"]])
 
     sk = result["skip"]
     print_section(t["skip"].format(b=sk["block"]))
@@ -290,39 +348,7 @@ def render(result, lang="zh"):
                  for r in pg["rows"]])
     print_text(t["pages_note"], style="dim")
 
-    last, prev = mem["rows"][-1], mem["rows"][-2]
-    small, big = f"flash{TIME_BLOCKS[0]}", f"flash{TIME_BLOCKS[-1]}"
-    rows = tm["rows"]
-    verdict = (t["verdict_fast"].format(tile=_bytes(tm["tile_bytes"]),
-                                        block=_bytes(tm["core_block_bytes"]))
-               if tm["flash_faster"] else t["verdict_slow"])
-    top = io["rows"][-1]
-    obs = [
-        t["obs_exact"].format(bq=bq, bk=bk, e32=_err(max(ex["float32"][k] for k in ("tiled", "odd"))),
-                              e64=_err(max(ex["float64"][k] for k in ("tiled", "odd"))),
-                              n=ex["splits"], m64=_err(ex["float64"]["merged"]),
-                              b64=_err(ex["float64"]["bwd"])),
-        t["obs_mem"].format(T=last["T"], plain=_bytes(last["plain"]), x=f"{last['plain_x']:.1f}",
-                            flash=_bytes(last["flash"]), share=_pct(last["share"]),
-                            out=_pct(last["out_bytes"] / last["flash"]),
-                            t0=prev["T"], t1=last["T"], gp=f"{mem['growth']['plain']:.1f}",
-                            gf=f"{mem['growth']['flash']:.1f}"),
-        t["obs_io"].format(lo=f"{io['ratio_min']:.3f}", hi=f"{io['ratio_max']:.3f}",
-                           plain=_bytes(top["plain"]), m=_bytes(top["sram"]),
-                           share=_pct(top["flash"] / top["plain"]), fixed=_bytes(io["fixed"]),
-                           n=io["last_tiles"]),
-        t["obs_skip"].format(n=sk["rows"][-1]["n"], v=sk["rows"][-1]["visited"],
-                             s=sk["rows"][-1]["skipped"]),
-        t["obs_time"].format(verdict=verdict, b=64, t=fmt_time(rows["flash64"]["best_s"]),
-                             x=f"{rows['flash64']['vs_core']:.2f}",
-                             tc=fmt_time(rows["core"]["best_s"]), big=TIME_BLOCKS[-1],
-                             small=TIME_BLOCKS[0], nb=rows[big]["tiles"], ns=rows[small]["tiles"],
-                             tb=fmt_time(rows[big]["best_s"]), ts=fmt_time(rows[small]["best_s"]),
-                             per=fmt_time(tm["per_tile_s"])),
-        t["obs_pages"].format(n=len(pg["rows"]), blocks=pg["blocks"], diff=_err(pg["max_diff"]),
-                              copy=_bytes(pg["gather_bytes"])),
-    ]
-    print_observations(obs)
+    print_observations(observations(result, lang))
 
 
 def figures(result, lang="zh"):

@@ -101,27 +101,36 @@ def test_split_k_reads_each_block_once():
     np.testing.assert_allclose(out, attention_reference(q, k, v, offset=9), atol=1e-12)
 
 
-def test_observations_quote_the_computed_numbers(quick):
-    text = flat(rendered_text(D18, quick, "en"))
-    ex, mem, io, sk, pg = (quick[k] for k in ("exact", "memory", "io", "skip", "pages"))
+def test_findings_are_the_computed_numbers(quick):
+    f = D18.findings(quick)
+    ex, mem, io, sk, tm, pg = (quick[k] for k in ("exact", "memory", "io", "skip", "time",
+                                                  "pages"))
     last = mem["rows"][-1]
-    assert f"At T={last['T']} the plain form peaked at {D18._bytes(last['plain'])}" in text
-    assert f"{last['share']:.1%} of one score matrix (at most 1/16)" in text
-    assert f"{last['out_bytes'] / last['flash']:.1%} of it the output itself" in text
-    assert f"merged by logsumexp: {D18._err(ex['float64']['merged'])} in float64" in text
-    assert f"by {io['ratio_min']:.3f}–{io['ratio_max']:.3f} (causal)" in text
-    assert f"(at n=64: {sk['rows'][-1]['visited']} computed" in text
-    assert f"{pg['blocks']} blocks, each read once" in text
-    assert ("not faster in NumPy" in text) == (not quick["time"]["flash_faster"])
-    zh = flat(rendered_text(D18, quick, "zh"))
-    assert f"乘 {io['ratio_min']:.3f}–{io['ratio_max']:.3f}" in zh
+    assert f["mem_T"] == last["T"] == max(D18.QUICK_MEM_T) and f["plain_peak"] == last["plain"]
+    assert f["flash_share"] == last["flash"] / last["scores"] <= 1 / 16
+    assert f["out_share"] == last["out_bytes"] / last["flash"]
+    assert f["tiled_err"]["float64"] == max(ex["float64"]["tiled"], ex["float64"]["odd"]) < 1e-12
+    assert f["merged_err"] == ex["float64"]["merged"] and f["bwd_err"] == ex["float64"]["bwd"]
+    assert f["io_ratio"] == (min(r["ratio"] for r in io["rows"][1:]),
+                             max(r["ratio"] for r in io["rows"][1:]))
+    assert 0.45 < f["io_ratio"][0] <= f["io_ratio"][1] < 0.6  # about halves per doubling
+    assert f["skip"]["n"] == 64 and f["skip"]["visited"] == 64 * 65 // 2
+    assert f["skip"]["visited"] + f["skip"]["skipped"] == sk["rows"][-1]["total"]
+    assert f["flash_faster"] == tm["flash_faster"]
+    assert f["blocks"][16][0] > f["blocks"][256][0]  # smaller tiles, more of them
+    assert f["pages_once"] and f["pages_blocks"] == sum(len(r["table"]) for r in pg["rows"])
+    assert f["pages_diff"] == pg["max_diff"] < 1e-5
 
 
-def test_other_wordings(quick):
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_each_finding_is_one_observation_and_the_verdict_follows_the_timing(quick, lang):
     r = copy.deepcopy(quick)
     r["time"]["flash_faster"] = not r["time"]["flash_faster"]
-    text = flat(rendered_text(D18, r, "en"))
-    assert ("This time the tiled form was faster" in text) == r["time"]["flash_faster"]
+    one, other = D18.observations(quick, lang), D18.observations(r, lang)
+    assert len(one) == len(other) == 6
+    assert [a == b for a, b in zip(one, other)] == [True] * 4 + [False, True]
+    text = rendered_text(D18, quick, lang)
+    assert all(" ".join(obs.split())[:20] in " ".join(text.split()) for obs in one)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
