@@ -15,6 +15,10 @@ the same positions: the window alone against recomputing the same window (both s
 same tokens), the sinks against both. A last set of rows puts the sinks at the distance
 original positions would give them after a long stream, past the model's context.
 
+The lines it teaches: transformer_lab/streaming_cache.py's StreamingCacheReference.attend
+(append, keep the sinks and the last window, rotate the keys by slot), and the
+StreamingCache beside it that computes the same in chunks.
+
 Full runs read 2,000 tokens, --quick 512. Without SmolLM2 a small random model stands in
 (its numbers say nothing about sinks; it only shows the demo runs).
 """
@@ -29,7 +33,7 @@ import time
 import numpy as np
 
 import _common  # (also puts the repo root on sys.path when run from a checkout)
-from console import print_observations, print_section, print_table, print_text
+from console import fmt_bytes, fmt_pct, print_observations, print_section, print_table, print_text
 from transformer_lab import (ActivationRecord, KVCache, StreamingCache, attention_weights,
                              forward, init_params, llama_config)
 from transformer_lab.measure import blas_threads
@@ -280,14 +284,6 @@ def _f(x, digits=2):
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def _pct(x):
-    return f"{100 * x:.1f} %"
-
-
-def _mib(b):
-    return f"{b / 2**20:.2f} MiB"
-
-
 def _seconds(s):
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s"
 
@@ -354,9 +350,9 @@ def observations(result, lang):
     r = len(result["samples"])
     verdict = t["sink_yes" if f["sink"] else "sink_no"].format(t=result["sink_factor"])
     out = [t["obs_mass"].format(verdict=verdict, times=_f(f["mass_times"], 1),
-                                budget=budget, mean=_pct(f["mean_mass"]),
-                                uniform=_pct(result["uniform_share"]), k=f["half"],
-                                L=result["n_layers"], low=f["low"], lowv=_pct(f["low_value"])),
+                                budget=budget, mean=fmt_pct(f["mean_mass"]),
+                                uniform=fmt_pct(result["uniform_share"]), k=f["half"],
+                                L=result["n_layers"], low=f["low"], lowv=fmt_pct(f["low_value"])),
            t["obs_same"].format(diff=f"{result['early_diff']:.1e}"),
            t["obs_chunks"].format(a=check["first"], b=check["first"] + check["n"] - 1,
                                   diff=f"{check['diff']:.1e}", rows=result["times"]["bounded"]
@@ -374,7 +370,7 @@ def observations(result, lang):
     out.append(t["obs_full"].format(
         m=result["tokens"] - 1 - budget, rw=_f(f["rw"]), pw=_f(f["window"]["ppl_after"]),
         pf=_f(f["full"]["ppl_after"]), rjump=_f(f["rjump"]), budget=budget, rs=_f(f["rs"]),
-        frac="-" if f["frac"] is None else _pct(f["frac"])))
+        frac=fmt_pct(f["frac"])))
     far_key = "obs_far" if f["far_breaks"] else "obs_far_none"
     out.append(t[far_key].format(gap=f["far"]["gap"], ctx=result["max_seq"],
                                  ps=_f(f["sinks"]["ppl_after"]), pfar=_f(f["far"]["ppl_after"]),
@@ -383,8 +379,8 @@ def observations(result, lang):
     out.append(t["obs_recompute"].format(
         budget=budget, tr=_seconds(times["recompute"]["per"]),
         tb=_seconds(times["one_by_one"]["per"]), rows=times["one_by_one"]["rows"]))
-    out.append(t["obs_bytes"].format(nf=result["tokens"] - 1, bf=_mib(f["full"]["bytes"]),
-                                     budget=budget, bb=_mib(f["sinks"]["bytes"]),
+    out.append(t["obs_bytes"].format(nf=result["tokens"] - 1, bf=fmt_bytes(f["full"]["bytes"]),
+                                     budget=budget, bb=fmt_bytes(f["sinks"]["bytes"]),
                                      ratio=_f(f["bytes_ratio"], 1)))
     return out
 
@@ -408,14 +404,14 @@ def render(result, lang):
     print_section(t["mass_title"].format(budget=budget, every=result["every"]))
     m = result["mass"]
     print_table([t["layer"], t["full_col"], t["sinks_col"], t["window_col"]],
-                [[i, _pct(m["full"][i]), _pct(m["sinks"][i]), _pct(m["window"][i])]
+                [[i, fmt_pct(m["full"][i]), fmt_pct(m["sinks"][i]), fmt_pct(m["window"][i])]
                  for i in range(result["n_layers"])])
-    print_text(t["mass_note"].format(uniform=_pct(result["uniform_share"])), style="dim")
+    print_text(t["mass_note"].format(uniform=fmt_pct(result["uniform_share"])), style="dim")
 
     print_section(t["ppl_title"].format(n=result["tokens"]))
     print_table([t["variant"], t["held"], t["ppl_after"],
                  t["ppl_samples"].format(r=len(result["samples"])), t["vs_re"]],
-                [[variant_name(t, v), _mib(v["bytes"]), _f(v["ppl_after"]),
+                [[variant_name(t, v), fmt_bytes(v["bytes"]), _f(v["ppl_after"]),
                   _f(v["ppl_samples"]), "-" if v["vs_recompute"] is None
                   else _d(v["vs_recompute"])] for v in result["variants"]])
     print_text(t["ppl_note"].format(budget=budget, last=result["tokens"] - 2,
