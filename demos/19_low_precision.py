@@ -11,8 +11,10 @@
 4. Training demo 11's model in fp32, bf16-mixed, BF16 weights and fp16-mixed with and
    without loss scaling: final losses, gradients flushed to zero, steps skipped.
 
-Every format is simulated on float32 arrays (transformer_lab.precision.round_to, equal
-to PyTorch's casts): the values are exactly the format's, the speed is not.
+The lines it teaches: transformer_lab/precision.py's round_to (a format's grid on
+float32 bits, equal to PyTorch's casts) and DynamicLossScaler, and training/mixed.py's
+Precision (one training step in a format). Every format is simulated on float32 arrays:
+the values are exactly the format's, the speed is not.
 """
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ import time
 
 import numpy as np
 
-import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import fmt_time, print_observations, print_section, print_table, print_text
+import _common  # (also puts the repo root on sys.path when run from a checkout)
+from console import fmt_pct, fmt_time, print_observations, print_section, print_table, print_text
 from transformer_lab import (ActivationRecord, AdamW, cosine_lr, cross_entropy, format_info,
                              forward, init_params, loss_and_grads, named_params, round_to,
                              train_step)
@@ -49,185 +51,6 @@ STEPS, QUICK_STEPS = 100, 6  # the full run trains as many steps as demo 11
 QUICK_SEEDS = (0, 1)
 
 TITLE = {"zh": "低精度：BF16、FP16 与 FP8", "en": "Low precision: BF16, FP16 and FP8"}
-TEXT = {
-    "zh": {
-        "formats_title": "1. 格式并列（由 round_to 自己算出）",
-        "format": "格式", "layout": "位", "max": "最大值",
-        "min_normal": "最小正规", "min_sub": "最小次正规", "eps": "eps",
-        "past_max": "溢出", "inf": "inf", "saturate": "饱和",
-        "grid_title": "格点：1 附近与最大值附近",
-        "below_one": "1 之前", "above_one": "1 之后", "top_two": "最大的两个值",
-        "top_gap": "顶端间距",
-        "formats_note": "位 = 符号.指数.尾数；eps = 1 之后的间距；溢出 = 超出最大值的数变成什么。"
-                        "E4M3 是 PyTorch 的 float8_e4m3fn：没有 inf，指数 1111 仍是正规数，"
-                        "只有 S.1111.111 是 NaN；PyTorch 的转换把超出 ±448 的值（包括 inf）"
-                        "饱和到 ±448。其余格式溢出到 ±inf。",
-        "scores_title": "2. 注意力分数 q·k：exp 会不会溢出？",
-        "scores_setup": "随机 q、k 的每个分量 ~ N(0, 1)，{n} 个查询对 {n} 个键。分数在 FP32 里算，"
-                        "舍入到格式，再 exp（在格式里）、求和（FP32）、相除。",
-        "source": "来源", "scaled": "÷√d", "std": "分数标准差", "yes": "是", "no": "否",
-        "random": "随机", "real": "SmolLM2",
-        "over_title": "exp(分数) 超出格式最大值的比例（不减行最大值）",
-        "after_title": "softmax 返回什么：NaN 行的比例，与 FP32 softmax 的最大误差",
-        "naive": "直接 exp", "stable": "先减行最大值",
-        "nan_rows": "{f} NaN 行", "err": "{f} 误差",
-        "real_note": "SmolLM2 的一行：真实的 q、k（RoPE 之后），{layers} 层 × {heads} 个头，"
-                     "d = {d}（它的头维度），{T} 个 token 的文本，只算因果位置。",
-        "real_missing": "（未安装 SmolLM2 或 --quick：没有真实 q、k 的一行。）",
-        "after_note": "减去行最大值后所有分数 ≤ 0，exp ≤ 1：溢出的比例为 {stable_over}。"
-                      "误差 = |p − p_FP32| 的最大值。",
-        "sums_title": "3. 求和：把 0.01 加 {n} 次",
-        "how": "做法", "result": "结果", "error": "误差",
-        "sum_fp16": "FP16 累加器", "sum_fp32": "FP32 累加器", "sum_bf16": "BF16 累加器",
-        "sum_mixed": "FP16 输入，FP32 累加器",
-        "sums_note": "0.01 在 FP16 里存成 {stored}；FP16 累加器在 8 到 16 之间的间距是 {gap}，"
-                     "每次加法都要舍入。",
-        "dots_title": "长度 n 的点积：FP16 输入，两种累加器（{rows} 个随机向量对）",
-        "n": "n", "acc16": "FP16 累加的相对误差", "acc32": "FP32 累加的相对误差",
-        "ratio": "之比",
-        "train_title": "4. 用低精度训练演示 11 的模型",
-        "train_setup": "演示 11 的任务与设置（Llama 式块、AdamW、预热与余弦），d = {d}，{l} 层，"
-                       "批 {b} × {t}，{steps} 步，{k} 个种子。最后的损失在同一批固定评估窗口上、"
-                       "用 FP32 算。",
-        "run": "精度", "final": "最后损失", "flush": "冲成 0",
-        "skipped": "跳过", "still": "没动的权重",
-        "runs": {"fp32": "fp32", "bf16-mixed": "bf16-mixed", "bf16": "bf16 权重",
-                 "fp16-scaled": "fp16-mixed 缩放", "fp16-unscaled": "fp16-mixed 不缩放"},
-        "train_note": "mixed：FP32 主权重与 AdamW 状态，前向与反向里每个矩阵乘法的输入与输出都在"
-                      "格式里（FP32 累加）。bf16 权重：每次更新后权重本身舍入到 BF16。"
-                      "冲成 0 的梯度 = FP32 里非零、该次运行里为 0 的梯度分量，在第一步与最后一步"
-                      "测量，取平均；没动的权重：最后一步。跳过：损失缩放器跳过的步。损失缩放：GradScaler 的默认值（初值 2^16，每 2000 步无溢出"
-                      "就翻倍，溢出就减半并跳过该步）。",
-        "time": "共用时 {t}（NumPy 模拟格式，比 FP32 慢；本机）。",
-        "obs_formats": "BF16 保留了 FP32 的范围（最大 {bf16_max}），但 eps 是 {bf16_eps}；FP16 的 eps "
-                       "细 {ratio:.0f} 倍（{fp16_eps}），最大值却只有 {fp16_max}；E4M3 只到 {e4m3_max}。",
-        "obs_scores": "不除以 √d：d = {d} 时随机分数的标准差是 {std}，{over} 的 exp(分数) 超出 FP16，"
-                      "直接 softmax 有 {nan} 的行是 NaN；除以 √d 后标准差 {std_s}，超出的比例是 "
-                      "{over_s}。",
-        "obs_fp8": "FP8 更紧：除以 √d 之后，E4M3 仍有 {over} 的 exp(分数) 超出 448（饱和），"
-                   "直接 softmax 的误差达 {err}。",
-        "obs_stable": "先减行最大值，所有格式、所有 d 都不再溢出（溢出比例最大为 {over}）；"
-                      "softmax 的最大误差是 FP16 {e16}、E4M3 {e43}，来自分数本身的舍入"
-                      "（不除以 √d 时 E4M3 在 {big} 附近的间距是 {gap}）；除以 √d 后 E4M3 "
-                      "最多差 {e43s}。",
-        "obs_real": "SmolLM2 真实的 q、k：最大 |q·k| 是 {mx}，不除以 √d 时 {over} 的 exp(分数) "
-                    "超出 FP16；除以 √d 后是 {over_s}。",
-        "obs_real_still": "真实模型里除以 √d 还不够：分数的标准差仍是 {std}，{over} 的 exp(分数) "
-                          "超出 FP16、{over8} 超出 E4M3，直接 softmax 有 {nan} 的行是 NaN；"
-                          "让它安全的是先减行最大值（之后溢出比例为 {stable}）。",
-        "obs_sums": "0.01 加 {n} 次：FP16 累加器得 {s16}，FP32 得 {s32}，FP16 输入加进 FP32 累加器得 "
-                    "{smix}——后者的误差只来自 0.01 在 FP16 里的表示（{n} × {stored} = {prod}）。"
-                    "FP16 累加器在 {stall} 处停住（第 {k} 次加法起：那里的间距是 {gap}，"
-                    "0.01 不到它的一半）。",
-        "obs_dots": "所以 BLAS 与张量核心用低精度做乘法、用 FP32 累加：长度 {n} 的点积，FP16 "
-                    "累加的相对误差是 {e16}，FP32 累加是 {e32}，差 {ratio} 倍。",
-        "obs_mixed": "最后的损失：fp32 {fp32}，bf16-mixed {bf16m}，fp16-mixed 加损失缩放 {fp16s}；"
-                     "与 fp32 最大相差 {gap}，{cmp}种子间的标准差（最大 {std}）。",
-        "cmp_within": "不超过", "cmp_beyond": "超过",
-        "obs_bf16": "BF16 权重：最后一步有 {still} 的权重没有动（更新不到 BF16 间距的一半），"
-                    "fp32 是 {still32}；最后损失 {loss}，比 fp32 {diff}。",
-        "higher": "高 {x}", "lower": "低 {x}",
-        "obs_flush": "FP16 不做损失缩放：{flush} 的非零梯度分量被冲成 0；缩放后是 {flush_s}。"
-                     "最后损失 {loss_u}（缩放的是 {loss_s}）。",
-        "obs_skipped": "损失缩放器共跳过 {k} 步（{runs} 次运行），缩放系数从 {s0} 变为 {s1}。",
-        "obs_skipped_none": "损失缩放器一步也没有跳过：{runs} 次运行里梯度乘以 {s1} 也没有溢出 FP16。",
-    },
-    "en": {
-        "formats_title": "1. The formats side by side (computed by round_to)",
-        "format": "format", "layout": "bits", "max": "max",
-        "min_normal": "min normal", "min_sub": "min subnormal",
-        "eps": "eps", "past_max": "past max", "inf": "inf",
-        "saturate": "saturates",
-        "grid_title": "The grid near 1 and near the top",
-        "below_one": "before 1", "above_one": "after 1", "top_two": "the two largest",
-        "top_gap": "gap at top",
-        "formats_note": "Bits = sign.exponent.mantissa; eps = the gap after 1; past max = what "
-                        "a value past the largest finite one becomes. E4M3 is PyTorch's "
-                        "float8_e4m3fn: no inf, exponent 1111 still holds "
-                        "normals, only S.1111.111 is NaN; PyTorch's cast saturates anything past "
-                        "±448 (inf included) to ±448. The other formats overflow to ±inf.",
-        "scores_title": "2. Attention scores q·k: does exp overflow?",
-        "scores_setup": "Random q and k with entries ~ N(0, 1), {n} queries against {n} keys. "
-                        "Scores are computed in FP32 and rounded to the format, then exp (in "
-                        "the format), a sum (FP32) and the division.",
-        "source": "source", "scaled": "÷√d", "std": "score std", "yes": "yes", "no": "no",
-        "random": "random", "real": "SmolLM2",
-        "over_title": "Share of exp(score) past the format's max (no row max subtracted)",
-        "after_title": "What softmax returns: share of NaN rows, largest error against FP32",
-        "naive": "plain exp", "stable": "row max first",
-        "nan_rows": "{f} NaN rows", "err": "{f} error",
-        "real_note": "The SmolLM2 row: its real q and k (after RoPE), {layers} layers × {heads} "
-                     "heads, d = {d} (its head size), a text of {T} tokens, causal pairs only.",
-        "real_missing": "(SmolLM2 not installed, or --quick: no row of real q and k.)",
-        "after_note": "After subtracting the row max every score is <= 0 and exp <= 1: the share "
-                      "that overflows is {stable_over}. Error = the largest |p − p_FP32|.",
-        "sums_title": "3. Sums: 0.01 added {n} times",
-        "how": "how", "result": "result", "error": "error",
-        "sum_fp16": "FP16 accumulator", "sum_fp32": "FP32 accumulator",
-        "sum_bf16": "BF16 accumulator", "sum_mixed": "FP16 inputs, FP32 accumulator",
-        "sums_note": "0.01 is stored in FP16 as {stored}; between 8 and 16 an FP16 accumulator's "
-                     "gap is {gap}, so every addition rounds.",
-        "dots_title": "Dot products of length n: FP16 inputs, two accumulators ({rows} random pairs)",
-        "n": "n", "acc16": "rel. error, FP16 accumulator", "acc32": "rel. error, FP32 accumulator",
-        "ratio": "ratio",
-        "train_title": "4. Training demo 11's model in low precision",
-        "train_setup": "Demo 11's task and setup (Llama-style block, AdamW, warmup and cosine), "
-                       "d = {d}, {l} layers, batch {b} × {t}, {steps} steps, {k} seeds. The final "
-                       "loss is on one fixed evaluation batch, computed in FP32.",
-        "run": "precision", "final": "final loss", "flush": "flushed",
-        "skipped": "skipped", "still": "unmoved",
-        "runs": {"fp32": "fp32", "bf16-mixed": "bf16-mixed", "bf16": "bf16 weights",
-                 "fp16-scaled": "fp16-mixed scaled", "fp16-unscaled": "fp16-mixed unscaled"},
-        "train_note": "mixed: FP32 master weights and AdamW state; in the forward and backward "
-                      "every matrix product reads and writes the format (FP32 accumulation). "
-                      "bf16 weights: after each update the weights themselves are rounded to "
-                      "BF16. Flushed = gradient entries non-zero in FP32 and zero in the "
-                      "run, measured at the first and the last step, averaged. Unmoved: the "
-                      "weights a step left unchanged, at the last step. Skipped: by the loss "
-                      "scaler. Loss scaling: GradScaler's defaults (2^16 to start, doubled "
-                      "after 2000 clean steps, halved on an overflow, which skips the step).",
-        "time": "Took {t} in all (NumPy simulating the formats, slower than FP32; this machine).",
-        "obs_formats": "BF16 keeps FP32's range (max {bf16_max}) but its eps is {bf16_eps}; FP16's "
-                       "eps is {ratio:.0f}x finer ({fp16_eps}) but its max only {fp16_max}; E4M3 "
-                       "stops at {e4m3_max}.",
-        "obs_scores": "Without 1/√d, random scores at d = {d} have std {std}: {over} of exp(score) "
-                      "overflow FP16 and a plain softmax returns NaN for {nan} of the rows; "
-                      "divided by √d the std is {std_s} and the share is {over_s}.",
-        "obs_fp8": "FP8 is tighter: even divided by √d, {over} of exp(score) pass E4M3's 448 "
-                   "(saturated), and a plain softmax is off by up to {err}.",
-        "obs_stable": "Subtracting the row max first, no format overflows at any d (the largest "
-                      "share is {over}); softmax's largest error is {e16} in FP16 and {e43} in "
-                      "E4M3, from rounding the scores themselves (unscaled, E4M3's gap near "
-                      "{big} is {gap}); divided by √d, E4M3 is off by at most {e43s}.",
-        "obs_real": "SmolLM2's real q and k: the largest |q·k| is {mx}; without 1/√d, {over} of "
-                    "exp(score) overflow FP16; divided by √d, {over_s}.",
-        "obs_real_still": "In the real model 1/√d is not enough: the scores' std is still {std}, "
-                          "{over} of exp(score) overflow FP16 and {over8} pass E4M3's 448, and a "
-                          "plain softmax returns NaN for {nan} of the rows; what makes it safe is "
-                          "subtracting the row max (then {stable} overflow).",
-        "obs_sums": "0.01 added {n} times: an FP16 accumulator gives {s16}, FP32 {s32}, and FP16 "
-                    "inputs into an FP32 accumulator {smix}, whose error is only 0.01's FP16 "
-                    "value ({n} × {stored} = {prod}). The FP16 sum stalls at {stall} (from "
-                    "addition {k} on: its gap there is {gap}, and 0.01 is under half of it).",
-        "obs_dots": "That is why BLAS and tensor cores multiply in low precision but accumulate "
-                    "in FP32: for dot products of length {n}, an FP16 accumulator's relative "
-                    "error is {e16}, an FP32 one's {e32}, {ratio}x smaller.",
-        "obs_mixed": "Final losses: fp32 {fp32}, bf16-mixed {bf16m}, fp16-mixed with loss "
-                     "scaling {fp16s}; the largest gap to fp32 is {gap}, {cmp} the seeds' std "
-                     "(up to {std}).",
-        "cmp_within": "within", "cmp_beyond": "beyond",
-        "obs_bf16": "BF16 weights: at the last step {still} of the weights did not move (their "
-                    "update was under half a BF16 gap), against {still32} in fp32; the final "
-                    "loss is {loss}, {diff} than fp32.",
-        "higher": "{x} higher", "lower": "{x} lower",
-        "obs_flush": "FP16 without loss scaling flushes {flush} of the non-zero gradient entries "
-                     "to zero; with scaling, {flush_s}. Final loss {loss_u} (scaled: {loss_s}).",
-        "obs_skipped": "The loss scaler skipped {k} steps in {runs} runs; the scale went from "
-                       "{s0} to {s1}.",
-        "obs_skipped_none": "The loss scaler skipped no step: in {runs} runs the grads times "
-                            "{s1} never overflowed FP16.",
-    },
-}
 
 
 # ---------------------------------------------------------------- 1. the formats
@@ -315,18 +138,13 @@ def random_scores(d, rng):
     return q @ k.T  # [T, S]
 
 
-_MODEL = {}  # SmolLM2, loaded once per process
-
-
 def load_real_model():
-    """SmolLM2's (cfg, params, tokenizer), or None when it is not installed."""
+    """SmolLM2's (cfg, params, tokenizer), the process's one copy (_common.smollm2), or None
+    when it is not installed."""
     try:
-        from transformer_lab import find_model, load_gguf
-        if "model" not in _MODEL:
-            _MODEL["model"] = load_gguf(find_model())
+        return _common.smollm2()
     except (OSError, ImportError, ValueError):
         return None
-    return _MODEL["model"]
 
 
 def real_scores(model):
@@ -518,12 +336,6 @@ def _g(x, digits=3):
     return f"{x:.{digits}g}"
 
 
-def _pct(x):
-    if x is None:
-        return "-"
-    return "0 %" if x == 0 else (f"{100 * x:.2g} %" if x < 0.01 else f"{100 * x:.1f} %")
-
-
 def findings(result):
     by = {r["name"]: r for r in result["formats"]}
     rows = result["scores"]["rows"]
@@ -558,25 +370,25 @@ def observations(result, lang):
                                    fp16_eps=_g(by["fp16"]["eps"]), fp16_max=_g(by["fp16"]["max"], 5),
                                    e4m3_max=_g(by["e4m3"]["max"]))]
     plain, scaled = f["plain"], f["scaled"]
-    out.append(t["obs_scores"].format(d=f["dmax"], std=_g(plain["std"]), over=_pct(plain["over"]["fp16"]),
-                                      nan=_pct(plain["nan_rows"]["fp16"]), std_s=_g(scaled["std"]),
-                                      over_s=_pct(scaled["over"]["fp16"])))
+    out.append(t["obs_scores"].format(d=f["dmax"], std=_g(plain["std"]), over=fmt_pct(plain["over"]["fp16"]),
+                                      nan=fmt_pct(plain["nan_rows"]["fp16"]), std_s=_g(scaled["std"]),
+                                      over_s=fmt_pct(scaled["over"]["fp16"])))
     if scaled["over"]["e4m3"] > 0:
-        out.append(t["obs_fp8"].format(over=_pct(scaled["over"]["e4m3"]),
+        out.append(t["obs_fp8"].format(over=fmt_pct(scaled["over"]["e4m3"]),
                                        err=_g(scaled["err"]["e4m3"])))
     big = 2.0 ** math.floor(math.log2(plain["max_abs"]))  # the binade of the largest score
-    out.append(t["obs_stable"].format(over=_pct(f["stable_over"]), e16=_g(f["stable_err"]["fp16"]),
+    out.append(t["obs_stable"].format(over=fmt_pct(f["stable_over"]), e16=_g(f["stable_err"]["fp16"]),
                                       e43=_g(f["stable_err"]["e4m3"]), big=_g(big),
                                       gap=_g(big * format_info("e4m3").eps),
                                       e43s=_g(f["stable_err_scaled"])))
     if f["real"]:
         r0, r1 = f["real"][False], f["real"][True]
-        out.append(t["obs_real"].format(mx=_g(r0["max_abs"]), over=_pct(r0["over"]["fp16"]),
-                                        over_s=_pct(r1["over"]["fp16"])))
+        out.append(t["obs_real"].format(mx=_g(r0["max_abs"]), over=fmt_pct(r0["over"]["fp16"]),
+                                        over_s=fmt_pct(r1["over"]["fp16"])))
         if r1["over"]["fp16"] > 0 or r1["nan_rows"]["fp16"] > 0:
             out.append(t["obs_real_still"].format(
-                std=_g(r1["std"]), over=_pct(r1["over"]["fp16"]), over8=_pct(r1["over"]["e4m3"]),
-                nan=_pct(r1["nan_rows"]["fp16"]), stable=_pct(max(r1["over_stable"].values()))))
+                std=_g(r1["std"]), over=fmt_pct(r1["over"]["fp16"]), over8=fmt_pct(r1["over"]["e4m3"]),
+                nan=fmt_pct(r1["nan_rows"]["fp16"]), stable=fmt_pct(max(r1["over_stable"].values()))))
     fin = s["final"]
     out.append(t["obs_sums"].format(n=s["n"], s16=f"{fin['fp16']:.4f}", s32=f"{fin['fp32']:.4f}",
                                     smix=f"{fin['mixed']:.4f}", stored=f"{s['stored']:.7g}",
@@ -592,12 +404,12 @@ def observations(result, lang):
         cmp=t["cmp_within"] if f["gap"] <= f["spread"] else t["cmp_beyond"],
         std=f"{f['spread']:.3f}"))
     diff = tr["bf16"]["mean"] - tr["fp32"]["mean"]
-    out.append(t["obs_bf16"].format(still=_pct(tr["bf16"]["still"]), still32=_pct(tr["fp32"]["still"]),
+    out.append(t["obs_bf16"].format(still=fmt_pct(tr["bf16"]["still"]), still32=fmt_pct(tr["fp32"]["still"]),
                                     loss=f"{tr['bf16']['mean']:.3f}",
                                     diff=(t["higher"] if diff >= 0 else t["lower"]).format(
                                         x=f"{abs(diff):.3f}")))
-    out.append(t["obs_flush"].format(flush=_pct(tr["fp16-unscaled"]["flushed"]),
-                                     flush_s=_pct(tr["fp16-scaled"]["flushed"]),
+    out.append(t["obs_flush"].format(flush=fmt_pct(tr["fp16-unscaled"]["flushed"]),
+                                     flush_s=fmt_pct(tr["fp16-scaled"]["flushed"]),
                                      loss_u=f"{tr['fp16-unscaled']['mean']:.3f}",
                                      loss_s=f"{tr['fp16-scaled']['mean']:.3f}"))
     s0, s1 = f["scale"]
@@ -632,18 +444,18 @@ def render(result, lang="zh"):
     yes = {True: t["yes"], False: t["no"]}
     print_table([t["source"], "d", t["scaled"], t["std"], *(f.upper() for f in SCORE_FORMATS)],
                 [[src[r["source"]], r["d"], yes[r["scaled"]], _g(r["std"]),
-                  *(_pct(r["over"][f]) for f in SCORE_FORMATS)] for r in sc["rows"]],
+                  *(fmt_pct(r["over"][f]) for f in SCORE_FORMATS)] for r in sc["rows"]],
                 title=t["over_title"])
     print_table([t["source"], "d", t["scaled"],
                  *(t["nan_rows"].format(f=f.upper()) for f in ("fp16", "e5m2")),
                  *(f"{t[k]}: {t['err'].format(f=f.upper())}"
                    for k, f in (("naive", "e4m3"), ("stable", "fp16"), ("stable", "e4m3")))],
                 [[src[r["source"]], r["d"], yes[r["scaled"]],
-                  _pct(r["nan_rows"]["fp16"]), _pct(r["nan_rows"]["e5m2"]),
+                  fmt_pct(r["nan_rows"]["fp16"]), fmt_pct(r["nan_rows"]["e5m2"]),
                   _err(r["err"]["e4m3"]), _err(r["err_stable"]["fp16"]),
                   _err(r["err_stable"]["e4m3"])] for r in sc["rows"]],
                 title=t["after_title"])
-    stable_over = _pct(max(v for r in sc["rows"] for v in r["over_stable"].values()))
+    stable_over = fmt_pct(max(v for r in sc["rows"] for v in r["over_stable"].values()))
     print_text(t["after_note"].format(stable_over=stable_over), style="dim")
     if sc["real"]:
         print_text(t["real_note"].format(**sc["real"]), style="dim")
@@ -667,8 +479,8 @@ def render(result, lang="zh"):
     print_text(t["train_setup"].format(d=tr["d_model"], l=tr["n_layers"], b=tr["batch"],
                                        t=tr["seq"], steps=tr["steps"], k=len(tr["seeds"])))
     print_table([t["run"], t["final"], t["flush"], t["still"], t["skipped"]],
-                [[t["runs"][r["run"]], f"{r['mean']:.3f} ± {r['std']:.3f}", _pct(r["flushed"]),
-                  _pct(r["still"]), "-" if r["skipped"] is None else r["skipped"]]
+                [[t["runs"][r["run"]], f"{r['mean']:.3f} ± {r['std']:.3f}", fmt_pct(r["flushed"]),
+                  fmt_pct(r["still"]), "-" if r["skipped"] is None else r["skipped"]]
                  for r in tr["rows"]])
     print_text(t["train_note"], style="dim")
     print_text(t["time"].format(t=fmt_time(result["seconds"])), style="dim")
@@ -713,6 +525,189 @@ def figures(result, lang="zh"):
     ax.set_title(t["loss_title"].format(k=len(tr["seeds"])))
     ax.legend()
     return {"sums": fig_sum, "training": fig_loss}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "formats_title": "1. 格式并列（由 round_to 自己算出）",
+        "format": "格式", "layout": "位", "max": "最大值",
+        "min_normal": "最小正规", "min_sub": "最小次正规", "eps": "eps",
+        "past_max": "溢出", "inf": "inf", "saturate": "饱和",
+        "grid_title": "格点：1 附近与最大值附近",
+        "below_one": "1 之前", "above_one": "1 之后", "top_two": "最大的两个值",
+        "top_gap": "顶端间距",
+        "formats_note": "位 = 符号.指数.尾数；eps = 1 之后的间距；溢出 = 超出最大值的数变成什么。"
+                        "E4M3 是 PyTorch 的 float8_e4m3fn：没有 inf，指数 1111 仍是正规数，"
+                        "只有 S.1111.111 是 NaN；PyTorch 的转换把超出 ±448 的值（包括 inf）"
+                        "饱和到 ±448。其余格式溢出到 ±inf。",
+        "scores_title": "2. 注意力分数 q·k：exp 会不会溢出？",
+        "scores_setup": "随机 q、k 的每个分量 ~ N(0, 1)，{n} 个查询对 {n} 个键。分数在 FP32 里算，"
+                        "舍入到格式，再 exp（在格式里）、求和（FP32）、相除。",
+        "source": "来源", "scaled": "÷√d", "std": "分数标准差", "yes": "是", "no": "否",
+        "random": "随机", "real": "SmolLM2",
+        "over_title": "exp(分数) 超出格式最大值的比例（不减行最大值）",
+        "after_title": "softmax 返回什么：NaN 行的比例，与 FP32 softmax 的最大误差",
+        "naive": "直接 exp", "stable": "先减行最大值",
+        "nan_rows": "{f} NaN 行", "err": "{f} 误差",
+        "real_note": "SmolLM2 的一行：真实的 q、k（RoPE 之后），{layers} 层 × {heads} 个头，"
+                     "d = {d}（它的头维度），{T} 个 token 的文本，只算因果位置。",
+        "real_missing": "（未安装 SmolLM2 或 --quick：没有真实 q、k 的一行。）",
+        "after_note": "减去行最大值后所有分数 ≤ 0，exp ≤ 1：溢出的比例为 {stable_over}。"
+                      "误差 = |p − p_FP32| 的最大值。",
+        "sums_title": "3. 求和：把 0.01 加 {n} 次",
+        "how": "做法", "result": "结果", "error": "误差",
+        "sum_fp16": "FP16 累加器", "sum_fp32": "FP32 累加器", "sum_bf16": "BF16 累加器",
+        "sum_mixed": "FP16 输入，FP32 累加器",
+        "sums_note": "0.01 在 FP16 里存成 {stored}；FP16 累加器在 8 到 16 之间的间距是 {gap}，"
+                     "每次加法都要舍入。",
+        "dots_title": "长度 n 的点积：FP16 输入，两种累加器（{rows} 个随机向量对）",
+        "n": "n", "acc16": "FP16 累加的相对误差", "acc32": "FP32 累加的相对误差",
+        "ratio": "之比",
+        "train_title": "4. 用低精度训练演示 11 的模型",
+        "train_setup": "演示 11 的任务与设置（Llama 式块、AdamW、预热与余弦），d = {d}，{l} 层，"
+                       "批 {b} × {t}，{steps} 步，{k} 个种子。最后的损失在同一批固定评估窗口上、"
+                       "用 FP32 算。",
+        "run": "精度", "final": "最后损失", "flush": "冲成 0",
+        "skipped": "跳过", "still": "没动的权重",
+        "runs": {"fp32": "fp32", "bf16-mixed": "bf16-mixed", "bf16": "bf16 权重",
+                 "fp16-scaled": "fp16-mixed 缩放", "fp16-unscaled": "fp16-mixed 不缩放"},
+        "train_note": "mixed：FP32 主权重与 AdamW 状态，前向与反向里每个矩阵乘法的输入与输出都在"
+                      "格式里（FP32 累加）。bf16 权重：每次更新后权重本身舍入到 BF16。"
+                      "冲成 0 的梯度 = FP32 里非零、该次运行里为 0 的梯度分量，在第一步与最后一步"
+                      "测量，取平均；没动的权重：最后一步。跳过：损失缩放器跳过的步。损失缩放：GradScaler 的默认值（初值 2^16，每 2000 步无溢出"
+                      "就翻倍，溢出就减半并跳过该步）。",
+        "time": "共用时 {t}（NumPy 模拟格式，比 FP32 慢；本机）。",
+        "obs_formats": "BF16 保留了 FP32 的范围（最大 {bf16_max}），但 eps 是 {bf16_eps}；FP16 的 eps "
+                       "细 {ratio:.0f} 倍（{fp16_eps}），最大值却只有 {fp16_max}；E4M3 只到 {e4m3_max}。",
+        "obs_scores": "不除以 √d：d = {d} 时随机分数的标准差是 {std}，{over} 的 exp(分数) 超出 FP16，"
+                      "直接 softmax 有 {nan} 的行是 NaN；除以 √d 后标准差 {std_s}，超出的比例是 "
+                      "{over_s}。",
+        "obs_fp8": "FP8 更紧：除以 √d 之后，E4M3 仍有 {over} 的 exp(分数) 超出 448（饱和），"
+                   "直接 softmax 的误差达 {err}。",
+        "obs_stable": "先减行最大值，所有格式、所有 d 都不再溢出（溢出比例最大为 {over}）；"
+                      "softmax 的最大误差是 FP16 {e16}、E4M3 {e43}，来自分数本身的舍入"
+                      "（不除以 √d 时 E4M3 在 {big} 附近的间距是 {gap}）；除以 √d 后 E4M3 "
+                      "最多差 {e43s}。",
+        "obs_real": "SmolLM2 真实的 q、k：最大 |q·k| 是 {mx}，不除以 √d 时 {over} 的 exp(分数) "
+                    "超出 FP16；除以 √d 后是 {over_s}。",
+        "obs_real_still": "真实模型里除以 √d 还不够：分数的标准差仍是 {std}，{over} 的 exp(分数) "
+                          "超出 FP16、{over8} 超出 E4M3，直接 softmax 有 {nan} 的行是 NaN；"
+                          "让它安全的是先减行最大值（之后溢出比例为 {stable}）。",
+        "obs_sums": "0.01 加 {n} 次：FP16 累加器得 {s16}，FP32 得 {s32}，FP16 输入加进 FP32 累加器得 "
+                    "{smix}——后者的误差只来自 0.01 在 FP16 里的表示（{n} × {stored} = {prod}）。"
+                    "FP16 累加器在 {stall} 处停住（第 {k} 次加法起：那里的间距是 {gap}，"
+                    "0.01 不到它的一半）。",
+        "obs_dots": "所以 BLAS 与张量核心用低精度做乘法、用 FP32 累加：长度 {n} 的点积，FP16 "
+                    "累加的相对误差是 {e16}，FP32 累加是 {e32}，差 {ratio} 倍。",
+        "obs_mixed": "最后的损失：fp32 {fp32}，bf16-mixed {bf16m}，fp16-mixed 加损失缩放 {fp16s}；"
+                     "与 fp32 最大相差 {gap}，{cmp}种子间的标准差（最大 {std}）。",
+        "cmp_within": "不超过", "cmp_beyond": "超过",
+        "obs_bf16": "BF16 权重：最后一步有 {still} 的权重没有动（更新不到 BF16 间距的一半），"
+                    "fp32 是 {still32}；最后损失 {loss}，比 fp32 {diff}。",
+        "higher": "高 {x}", "lower": "低 {x}",
+        "obs_flush": "FP16 不做损失缩放：{flush} 的非零梯度分量被冲成 0；缩放后是 {flush_s}。"
+                     "最后损失 {loss_u}（缩放的是 {loss_s}）。",
+        "obs_skipped": "损失缩放器共跳过 {k} 步（{runs} 次运行），缩放系数从 {s0} 变为 {s1}。",
+        "obs_skipped_none": "损失缩放器一步也没有跳过：{runs} 次运行里梯度乘以 {s1} 也没有溢出 FP16。",
+    },
+    "en": {
+        "formats_title": "1. The formats side by side (computed by round_to)",
+        "format": "format", "layout": "bits", "max": "max",
+        "min_normal": "min normal", "min_sub": "min subnormal",
+        "eps": "eps", "past_max": "past max", "inf": "inf",
+        "saturate": "saturates",
+        "grid_title": "The grid near 1 and near the top",
+        "below_one": "before 1", "above_one": "after 1", "top_two": "the two largest",
+        "top_gap": "gap at top",
+        "formats_note": "Bits = sign.exponent.mantissa; eps = the gap after 1; past max = what "
+                        "a value past the largest finite one becomes. E4M3 is PyTorch's "
+                        "float8_e4m3fn: no inf, exponent 1111 still holds "
+                        "normals, only S.1111.111 is NaN; PyTorch's cast saturates anything past "
+                        "±448 (inf included) to ±448. The other formats overflow to ±inf.",
+        "scores_title": "2. Attention scores q·k: does exp overflow?",
+        "scores_setup": "Random q and k with entries ~ N(0, 1), {n} queries against {n} keys. "
+                        "Scores are computed in FP32 and rounded to the format, then exp (in "
+                        "the format), a sum (FP32) and the division.",
+        "source": "source", "scaled": "÷√d", "std": "score std", "yes": "yes", "no": "no",
+        "random": "random", "real": "SmolLM2",
+        "over_title": "Share of exp(score) past the format's max (no row max subtracted)",
+        "after_title": "What softmax returns: share of NaN rows, largest error against FP32",
+        "naive": "plain exp", "stable": "row max first",
+        "nan_rows": "{f} NaN rows", "err": "{f} error",
+        "real_note": "The SmolLM2 row: its real q and k (after RoPE), {layers} layers × {heads} "
+                     "heads, d = {d} (its head size), a text of {T} tokens, causal pairs only.",
+        "real_missing": "(SmolLM2 not installed, or --quick: no row of real q and k.)",
+        "after_note": "After subtracting the row max every score is <= 0 and exp <= 1: the share "
+                      "that overflows is {stable_over}. Error = the largest |p − p_FP32|.",
+        "sums_title": "3. Sums: 0.01 added {n} times",
+        "how": "how", "result": "result", "error": "error",
+        "sum_fp16": "FP16 accumulator", "sum_fp32": "FP32 accumulator",
+        "sum_bf16": "BF16 accumulator", "sum_mixed": "FP16 inputs, FP32 accumulator",
+        "sums_note": "0.01 is stored in FP16 as {stored}; between 8 and 16 an FP16 accumulator's "
+                     "gap is {gap}, so every addition rounds.",
+        "dots_title": "Dot products of length n: FP16 inputs, two accumulators ({rows} random pairs)",
+        "n": "n", "acc16": "rel. error, FP16 accumulator", "acc32": "rel. error, FP32 accumulator",
+        "ratio": "ratio",
+        "train_title": "4. Training demo 11's model in low precision",
+        "train_setup": "Demo 11's task and setup (Llama-style block, AdamW, warmup and cosine), "
+                       "d = {d}, {l} layers, batch {b} × {t}, {steps} steps, {k} seeds. The final "
+                       "loss is on one fixed evaluation batch, computed in FP32.",
+        "run": "precision", "final": "final loss", "flush": "flushed",
+        "skipped": "skipped", "still": "unmoved",
+        "runs": {"fp32": "fp32", "bf16-mixed": "bf16-mixed", "bf16": "bf16 weights",
+                 "fp16-scaled": "fp16-mixed scaled", "fp16-unscaled": "fp16-mixed unscaled"},
+        "train_note": "mixed: FP32 master weights and AdamW state; in the forward and backward "
+                      "every matrix product reads and writes the format (FP32 accumulation). "
+                      "bf16 weights: after each update the weights themselves are rounded to "
+                      "BF16. Flushed = gradient entries non-zero in FP32 and zero in the "
+                      "run, measured at the first and the last step, averaged. Unmoved: the "
+                      "weights a step left unchanged, at the last step. Skipped: by the loss "
+                      "scaler. Loss scaling: GradScaler's defaults (2^16 to start, doubled "
+                      "after 2000 clean steps, halved on an overflow, which skips the step).",
+        "time": "Took {t} in all (NumPy simulating the formats, slower than FP32; this machine).",
+        "obs_formats": "BF16 keeps FP32's range (max {bf16_max}) but its eps is {bf16_eps}; FP16's "
+                       "eps is {ratio:.0f}x finer ({fp16_eps}) but its max only {fp16_max}; E4M3 "
+                       "stops at {e4m3_max}.",
+        "obs_scores": "Without 1/√d, random scores at d = {d} have std {std}: {over} of exp(score) "
+                      "overflow FP16 and a plain softmax returns NaN for {nan} of the rows; "
+                      "divided by √d the std is {std_s} and the share is {over_s}.",
+        "obs_fp8": "FP8 is tighter: even divided by √d, {over} of exp(score) pass E4M3's 448 "
+                   "(saturated), and a plain softmax is off by up to {err}.",
+        "obs_stable": "Subtracting the row max first, no format overflows at any d (the largest "
+                      "share is {over}); softmax's largest error is {e16} in FP16 and {e43} in "
+                      "E4M3, from rounding the scores themselves (unscaled, E4M3's gap near "
+                      "{big} is {gap}); divided by √d, E4M3 is off by at most {e43s}.",
+        "obs_real": "SmolLM2's real q and k: the largest |q·k| is {mx}; without 1/√d, {over} of "
+                    "exp(score) overflow FP16; divided by √d, {over_s}.",
+        "obs_real_still": "In the real model 1/√d is not enough: the scores' std is still {std}, "
+                          "{over} of exp(score) overflow FP16 and {over8} pass E4M3's 448, and a "
+                          "plain softmax returns NaN for {nan} of the rows; what makes it safe is "
+                          "subtracting the row max (then {stable} overflow).",
+        "obs_sums": "0.01 added {n} times: an FP16 accumulator gives {s16}, FP32 {s32}, and FP16 "
+                    "inputs into an FP32 accumulator {smix}, whose error is only 0.01's FP16 "
+                    "value ({n} × {stored} = {prod}). The FP16 sum stalls at {stall} (from "
+                    "addition {k} on: its gap there is {gap}, and 0.01 is under half of it).",
+        "obs_dots": "That is why BLAS and tensor cores multiply in low precision but accumulate "
+                    "in FP32: for dot products of length {n}, an FP16 accumulator's relative "
+                    "error is {e16}, an FP32 one's {e32}, {ratio}x smaller.",
+        "obs_mixed": "Final losses: fp32 {fp32}, bf16-mixed {bf16m}, fp16-mixed with loss "
+                     "scaling {fp16s}; the largest gap to fp32 is {gap}, {cmp} the seeds' std "
+                     "(up to {std}).",
+        "cmp_within": "within", "cmp_beyond": "beyond",
+        "obs_bf16": "BF16 weights: at the last step {still} of the weights did not move (their "
+                    "update was under half a BF16 gap), against {still32} in fp32; the final "
+                    "loss is {loss}, {diff} than fp32.",
+        "higher": "{x} higher", "lower": "{x} lower",
+        "obs_flush": "FP16 without loss scaling flushes {flush} of the non-zero gradient entries "
+                     "to zero; with scaling, {flush_s}. Final loss {loss_u} (scaled: {loss_s}).",
+        "obs_skipped": "The loss scaler skipped {k} steps in {runs} runs; the scale went from "
+                       "{s0} to {s1}.",
+        "obs_skipped_none": "The loss scaler skipped no step: in {runs} runs the grads times "
+                            "{s1} never overflowed FP16.",
+    },
+}
 
 
 if __name__ == "__main__":

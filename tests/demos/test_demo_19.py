@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from demo_helpers import demo, quick_result, rendered_text, written_without_missing_glyphs
+from console import fmt_pct
 from transformer_lab import format_info, round_to
 
 D19 = demo(19)
@@ -90,9 +91,9 @@ def test_observations_quote_the_results(result):
     text = flat(rendered_text(D19, result, "en"))
     plain, scaled = f["plain"], f["scaled"]
     assert f"at d = {f['dmax']} have std {plain['std']:.3g}" in text
-    assert f"{D19._pct(plain['over']['fp16'])} of exp(score) overflow FP16" in text
-    assert f"returns NaN for {D19._pct(plain['nan_rows']['fp16'])} of the rows" in text
-    assert f"the largest share is {D19._pct(f['stable_over'])}" in text
+    assert f"{fmt_pct(plain['over']['fp16'])} of exp(score) overflow FP16" in text
+    assert f"returns NaN for {fmt_pct(plain['nan_rows']['fp16'])} of the rows" in text
+    assert f"the largest share is {fmt_pct(f['stable_over'])}" in text
     s = result["sums"]
     assert f"an FP16 accumulator gives {s['final']['fp16']:.4f}" in text
     assert f"FP32 accumulator {s['final']['mixed']:.4f}" in text
@@ -103,8 +104,8 @@ def test_observations_quote_the_results(result):
     assert f"Final losses: fp32 {tr['fp32']['mean']:.3f}" in text
     assert f"the largest gap to fp32 is {f['gap']:.3f}" in text
     assert ("within" if f["gap"] <= f["spread"] else "beyond") + " the seeds' std" in text
-    assert f"flushes {D19._pct(tr['fp16-unscaled']['flushed'])} of the non-zero" in text
-    assert f"{D19._pct(tr['bf16']['still'])} of the weights did not move" in text
+    assert f"flushes {fmt_pct(tr['fp16-unscaled']['flushed'])} of the non-zero" in text
+    assert f"{fmt_pct(tr['bf16']['still'])} of the weights did not move" in text
 
 
 def test_observations_follow_the_numbers(result):
@@ -157,12 +158,12 @@ def test_smollm2s_real_scores(result, smollm2):
     full["scores"]["real"] = info
     text = flat(rendered_text(D19, full, "en"))
     assert f"the largest |q·k| is {rows[0]['max_abs']:.3g}; without 1/√d, " \
-           f"{D19._pct(rows[0]['over']['fp16'])} of exp(score) overflow FP16" in text
+           f"{fmt_pct(rows[0]['over']['fp16'])} of exp(score) overflow FP16" in text
     assert f"{info['layers']} layers × {info['heads']} heads, d = {info['d']}" in text
     still = rows[1]["over"]["fp16"] > 0 or rows[1]["nan_rows"]["fp16"] > 0
     assert ("In the real model 1/√d is not enough" in text) == still
     if still:
-        assert f"plain softmax returns NaN for {D19._pct(rows[1]['nan_rows']['fp16'])}" in text
+        assert f"plain softmax returns NaN for {fmt_pct(rows[1]['nan_rows']['fp16'])}" in text
     other = copy.deepcopy(full)
     for r in other["scores"]["rows"][-1:]:
         r["over"]["fp16"] = r["nan_rows"]["fp16"] = 0.0
