@@ -4,6 +4,9 @@
 A query is compared with every key; softmax turns the scores into weights and
 the output is the weighted mean of the values. The temperature tau slides it
 from a hard lookup (one key wins) to a plain average (all keys equal).
+
+The lines it teaches: transformer_lab/ops.py's softmax, the soft lookup every attention
+head makes.
 """
 from __future__ import annotations
 

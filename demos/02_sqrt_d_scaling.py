@@ -6,6 +6,9 @@ like √d. Unscaled, softmax saturates as d grows: the largest weight heads to
 one and the softmax Jacobian diag(p) − ppᵀ (what gradients flow through)
 heads to zero. Divided by √d, both stay flat in d. The scale is a constant,
 so it can be folded into W_q and costs nothing at inference.
+
+The lines it teaches: transformer_lab/attention.py's attention_reference (the scores
+scaled by 1/√d before the softmax) and attention_weights.
 """
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ With the mask, position i reads only positions 0..i, so changing a token can
 never change anything before it. That is what lets decoding keep the keys and
 values of the prefix (the KV cache) and compute only the new token's query
 row: the result is the same as running the whole sequence again.
+
+The lines it teaches: transformer_lab/attention.py's causal mask (a query sees keys up
+to its own position) and cache.py's KVCache, which forward() fills a token at a time.
 """
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ not their total work. Grouped-query attention (G K/V heads shared by H query
 heads) and multi-query attention (G = 1) shrink only K and V: their
 projections and, above all, the bytes of the KV cache that every decode step
 has to read.
+
+The lines it teaches: transformer_lab/attention.py's attention_core: the R = H/G query
+heads of a K/V group stacked as extra rows, one product per group, no K/V repeated.
 """
 from __future__ import annotations
 

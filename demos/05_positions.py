@@ -6,6 +6,9 @@ permutes the outputs. A causal mask or RoPE breaks that symmetry. Sinusoidal
 encodings move by a fixed rotation when the position shifts and never repeat
 within 10 000 positions; RoPE makes the score q_m . k_n depend on m - n only,
 which is enough to build a previous-token head by hand.
+
+The lines it teaches: transformer_lab/positions.py's sinusoidal_pe, rope_angles and
+apply_rope.
 """
 from __future__ import annotations
 

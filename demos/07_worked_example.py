@@ -7,6 +7,9 @@ prompt A's last row through each stage of the block with the model's own
 functions (and checks that the trace reproduces forward() exactly), opens
 the two heads at the last position, shows the next-word distribution of both
 prompts, and works one LayerNorm by hand.
+
+The lines it teaches: transformer_lab/model.py's forward (embed, attention_block, mlp,
+norm, lm_head) and loss, each stage against examples.py's hand-worked week8_example.
 """
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ q1 = lam mu_a and q2 = lam mu_b, and average their outputs. With small
 isotropic noise both work. Once key a's length varies, the single softmax
 tips to one side or the other in every sample, while the two heads do not
 care. Every sample runs through transformer_lab's attention in one batch.
+
+The lines it teaches: transformer_lab/attention.py's attention_weights, one pattern per
+head.
 """
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ Three looks at a trained model through transformer_lab's own functions:
 
 Without the model installed, compute() returns {"available": False, ...} and
 render() prints how to install it.
+
+The lines it teaches: transformer_lab/model.py's forward with the activation record
+(acts.py), cache.py's KVCache, generation.py's generate, and measure/flops.py's counts.
 """
 from __future__ import annotations
 

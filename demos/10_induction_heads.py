@@ -8,8 +8,11 @@ previous-token head in layer 0 writes "the token before me" into each position;
 an induction head in layer 1 matches the current token against that, finds the
 position right after the token's earlier occurrence, and copies what is there.
 The repeat's loss creeps down from chance for a while, then most of its fall
-comes within some fifty steps, as both heads appear: the phase change. Everything trains here, from random weights, with
-loss_and_grads and AdamW, one train_step at a time.
+comes within some fifty steps, as both heads appear: the phase change. Everything
+trains here, from random weights, with loss_and_grads and AdamW, one train_step at a time.
+
+The lines it teaches: transformer_lab/training/step.py's train_step, and the attention
+weights forward() records (acts.py's attn.pattern) that show the two heads forming.
 
 Unlike tasks.induction_task, whose repeat always starts half a sequence later,
 the length of the random part varies from row to row. With a fixed length a
@@ -64,129 +67,6 @@ CHANCE_BAND = 0.1  # the random part "stays at chance" if it never moves further
 PHASE_WINDOW = 50  # the 50 steps in which the repeat's loss fell the most
 
 TITLE = {"zh": "归纳头的形成：训练中的相变", "en": "Induction heads form: a phase change in training"}
-TEXT = {
-    "zh": {
-        "setup": "1. 任务与模型",
-        "task": "每条序列有 {t} 个位置：起始 token（BOS），再是 P 个从 {v} 个 token 里随机抽的 "
-                "token，然后一遍遍重复这 P 个 token，直到填满。P 每条序列不同，在 {p0} 到 "
-                "{p1} 之间，所以“往回数固定几格”抄不到答案，只能找“当前 token 上次出现在"
-                "哪里”。随机部分最好也只能猜均匀分布，损失 = ln {v} = {chance:.3f}"
-                "（随机水平）；重复部分可以照抄。",
-        "param": "参数", "value": "值",
-        "p_model": "模型", "model": "{l} 层，只有注意力（没有 MLP），d = {d}，{hh} 个头，"
-                                    "RoPE，RMSNorm，带偏置",
-        "p_params": "参数个数", "p_opt": "优化器",
-        "opt": "AdamW，lr {lr:g}（预热 {w} 步，余弦降到 {mn:g}），裁剪 {c:g}",
-        "p_data": "训练数据", "data": "{s} 步 × 每步 {b} 条新序列",
-        "p_time": "训练用时", "trained": "{t}（NumPy，本机）",
-        "curve": "2. 损失曲线：随机部分 vs 重复部分",
-        "curve_setup": "在固定的 {n} 条留出序列上每 {e} 步评估一次；表里每 {k} 步一行，"
-                       "外加下降最陡的那一段。损失单位是 nat，随机水平 = {chance:.3f}。"
-                       "后两列是第 0 层最好的前一 token 头和第 1 层最好的归纳头的得分"
-                       "（定义见第 3 部分）。",
-        "step": "步", "lr": "学习率", "first": "随机部分", "repeat": "重复部分",
-        "prev": "前一token分", "ind": "归纳分",
-        "phase_mark": "← 最陡",
-        "heads": "3. 按得分找出这两个头",
-        "heads_setup": "前一 token 分 = 位置 t 放在 t−1 上的平均注意力权重（t ≥ 1）。"
-                       "归纳分 = 在重复部分，位置 t 放在“当前 token 上一次出现的位置的下一个"
-                       "位置”上的平均权重。两个都在 {n} 条留出序列上平均；若一个头把权重平均分给"
-                       "看得见的所有位置，两个得分分别只有 {up} 和 {ui}。",
-        "layer": "层", "head": "头", "best_prev": "← 前一 token 头",
-        "best_ind": "← 归纳头",
-        "heat_setup": "一条新序列：BOS，{p} 个随机 token，再重复一遍。标签是 token 编号；"
-                      "只画前 {k} 个键。",
-        "heat_prev": "第 0 层第 {h} 个头（前一 token 头）：行是查询，列是键",
-        "heat_ind": "第 1 层第 {h} 个头（归纳头）：重复部分的查询",
-        "obs_phase": "重复部分的损失在第 {a} 到第 {b} 步之间下降最陡：从 {la} 掉到 {lb}；"
-                     "把中点第 {s} 步叫作相变点。从第 {w0} 步到第 {w1} 步这 {w} 步里，它从 "
-                     "{lw0} 掉到 {lw1}，占了全程下降（第 0 步的 {l0} 到第 {n} 步的 {final}）"
-                     "的 {share}；而整个训练有 {n} 步。",
-        "obs_no_phase": "在 {n} 步内，重复部分的损失没有明显下降（最后是 {final}，随机水平 "
-                        "{chance:.3f}）：这次训练没有看到相变。",
-        "obs_first_flat": "随机部分一直停在随机水平：它的损失离 ln {v} = {chance:.3f} 从没超过 "
-                          "{dev}。随机 token 无法预测，模型也没有假装能预测。",
-        "obs_first_bump": "随机部分大体停在随机水平 ln {v} = {chance:.3f}，但在第 {at} 步偏离了 "
-                          "{dev}：新形成的头有时在那里也去抄，把错的答案说得太肯定。第 {n} 步时"
-                          "它是 {final}，离随机水平 {back}。",
-        "obs_prev": "第 0 层第 {h} 个头平均把 {s} 的权重放在 t−1 上（均匀分配只有 {u}）："
-                    "这就是演示 05 (d) 里只用 RoPE 手工搭出来的前一 token 头，也是演示 09 在 "
-                    "SmolLM2 里找到的那种头；这里是梯度下降从随机权重自己找到的。",
-        "obs_ind": "第 1 层第 {h} 个头在重复部分平均把 {s} 的权重放在“当前 token 上一次出现的"
-                   "下一个位置”上（均匀分配只有 {u}），再把那里的 token 抄过来。它靠第 0 层写进"
-                   "每个位置的“我前面是谁”来找这个位置：一个头做不到，要两层里的两个头配合。",
-        "obs_heat": "热力图里看得最清楚：前一 token 头在紧贴对角线下方的一条线上，平均权重 "
-                    "{wp}；归纳头的查询 t 看的是键 t − {off}，一条斜线，平均权重 {w}。",
-        "obs_together": "两个头是在损失骤降的同时形成的：在同样的第 {a}–{b} 步，前一 token 分从 "
-                        "{pa} 变到 {pb}，归纳分从 {ia} 变到 {ib}；第 0 步时它们是 {p0} 和 "
-                        "{i0}，最后是 {pn} 和 {in_}。",
-    },
-    "en": {
-        "setup": "1. The task and the model",
-        "task": "Each sequence has {t} positions: a start token (BOS), then P tokens drawn at "
-                "random from {v}, then those P tokens again and again until the row is full. "
-                "P differs per sequence, from {p0} to {p1}, so counting a fixed number of "
-                "places back cannot find the answer; only \"where did this token occur "
-                "before?\" can. The random part is best guessed uniformly, a loss of "
-                "ln {v} = {chance:.3f} (chance); the repeat can be copied.",
-        "param": "parameter", "value": "value",
-        "p_model": "model", "model": "{l} layers, attention only (no MLP), d = {d}, {hh} heads, "
-                                     "RoPE, RMSNorm, biases",
-        "p_params": "parameters", "p_opt": "optimizer",
-        "opt": "AdamW, lr {lr:g} ({w} warmup steps, cosine to {mn:g}), clip {c:g}",
-        "p_data": "training data", "data": "{s} steps × {b} fresh sequences",
-        "p_time": "training time", "trained": "{t} (NumPy, this machine)",
-        "curve": "2. The loss curves: the random part vs the repeat",
-        "curve_setup": "Scored every {e} steps on {n} fixed held-out sequences; the table shows "
-                       "every {k}th step and the steepest drop. Losses in nats, chance = "
-                       "{chance:.3f}. The last two columns score layer 0's best "
-                       "previous-token head and layer 1's best induction head (part 3).",
-        "step": "step", "lr": "lr", "first": "random", "repeat": "repeat",
-        "prev": "prev score", "ind": "induction",
-        "phase_mark": "← steepest",
-        "heads": "3. Finding the two heads by their scores",
-        "heads_setup": "Previous-token score = the mean weight position t puts on t−1 (t ≥ 1). "
-                       "Induction score = in the repeat, the mean weight position t puts on the "
-                       "position just after its token's earlier occurrence. Both are averaged "
-                       "over the {n} held-out sequences; a head spreading its weight evenly "
-                       "over what it can see would score {up} and {ui}.",
-        "layer": "layer", "head": "head", "best_prev": "← previous-token head",
-        "best_ind": "← induction head",
-        "heat_setup": "A new sequence: BOS, {p} random tokens, and the same again. Labels are "
-                      "token ids; only the first {k} keys are drawn.",
-        "heat_prev": "Layer 0, head {h} (previous-token head): rows query, columns key",
-        "heat_ind": "Layer 1, head {h} (induction head): the repeat's queries",
-        "obs_phase": "The repeat's loss falls steepest between steps {a} and {b}, from {la} "
-                     "to {lb}; call the midpoint, step {s}, the phase change. In the {w} steps "
-                     "from {w0} to {w1} it falls from {lw0} to {lw1}: {share} of its whole "
-                     "fall, from {l0} at step 0 to {final} at step {n}, in a run of {n} steps.",
-        "obs_no_phase": "Within {n} steps the repeat's loss shows no clear drop (it ends at "
-                        "{final}, chance is {chance:.3f}): no phase change in this run.",
-        "obs_first_flat": "The random part stays at chance throughout: its loss never moves "
-                          "more than {dev} from ln {v} = {chance:.3f}. Random tokens cannot be "
-                          "predicted, and the model does not pretend to.",
-        "obs_first_bump": "The random part mostly stays at chance, ln {v} = {chance:.3f}, but "
-                          "strays by {dev} at step {at}: the new heads sometimes copy there "
-                          "too, confidently and wrongly. At step {n} it is {final}, {back} from "
-                          "chance.",
-        "obs_prev": "Layer 0, head {h} puts {s} of its weight on t−1 on average (even "
-                    "attention: {u}). It is the previous-token head demo 05 (d) built by hand "
-                    "from RoPE, and the kind demo 09 found in SmolLM2; here gradient descent "
-                    "found it, starting from random weights.",
-        "obs_ind": "Layer 1, head {h}, in the repeat, puts {s} of its weight on the position "
-                   "just after its token's earlier occurrence (even attention: {u}), and copies "
-                   "the token there. It finds that position through what layer 0 wrote into "
-                   "each one, \"the token before me\": one head cannot do this, it takes two "
-                   "heads in two layers.",
-        "obs_heat": "The heatmaps show it directly: the previous-token head is a line just "
-                    "below the diagonal, {wp} on average; the induction head's query t looks "
-                    "at key t − {off}, a diagonal of weight {w} on average.",
-        "obs_together": "The heads form as the loss falls: over the same steps, {a}–{b}, the "
-                        "previous-token score goes from {pa} to {pb} and the induction score "
-                        "from {ia} to {ib}; at step 0 they were {p0} and {i0}, at the end {pn} "
-                        "and {in_}.",
-    },
-}
 
 
 # ---------------------------------------------------------------- data and model
@@ -560,6 +440,133 @@ def figures(result, lang="zh"):
         ax.set_ylabel(t["query"])
     heads.suptitle(t["heads"])
     return {"loss_curves": fig, "heads": heads}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "1. 任务与模型",
+        "task": "每条序列有 {t} 个位置：起始 token（BOS），再是 P 个从 {v} 个 token 里随机抽的 "
+                "token，然后一遍遍重复这 P 个 token，直到填满。P 每条序列不同，在 {p0} 到 "
+                "{p1} 之间，所以“往回数固定几格”抄不到答案，只能找“当前 token 上次出现在"
+                "哪里”。随机部分最好也只能猜均匀分布，损失 = ln {v} = {chance:.3f}"
+                "（随机水平）；重复部分可以照抄。",
+        "param": "参数", "value": "值",
+        "p_model": "模型", "model": "{l} 层，只有注意力（没有 MLP），d = {d}，{hh} 个头，"
+                                    "RoPE，RMSNorm，带偏置",
+        "p_params": "参数个数", "p_opt": "优化器",
+        "opt": "AdamW，lr {lr:g}（预热 {w} 步，余弦降到 {mn:g}），裁剪 {c:g}",
+        "p_data": "训练数据", "data": "{s} 步 × 每步 {b} 条新序列",
+        "p_time": "训练用时", "trained": "{t}（NumPy，本机）",
+        "curve": "2. 损失曲线：随机部分 vs 重复部分",
+        "curve_setup": "在固定的 {n} 条留出序列上每 {e} 步评估一次；表里每 {k} 步一行，"
+                       "外加下降最陡的那一段。损失单位是 nat，随机水平 = {chance:.3f}。"
+                       "后两列是第 0 层最好的前一 token 头和第 1 层最好的归纳头的得分"
+                       "（定义见第 3 部分）。",
+        "step": "步", "lr": "学习率", "first": "随机部分", "repeat": "重复部分",
+        "prev": "前一token分", "ind": "归纳分",
+        "phase_mark": "← 最陡",
+        "heads": "3. 按得分找出这两个头",
+        "heads_setup": "前一 token 分 = 位置 t 放在 t−1 上的平均注意力权重（t ≥ 1）。"
+                       "归纳分 = 在重复部分，位置 t 放在“当前 token 上一次出现的位置的下一个"
+                       "位置”上的平均权重。两个都在 {n} 条留出序列上平均；若一个头把权重平均分给"
+                       "看得见的所有位置，两个得分分别只有 {up} 和 {ui}。",
+        "layer": "层", "head": "头", "best_prev": "← 前一 token 头",
+        "best_ind": "← 归纳头",
+        "heat_setup": "一条新序列：BOS，{p} 个随机 token，再重复一遍。标签是 token 编号；"
+                      "只画前 {k} 个键。",
+        "heat_prev": "第 0 层第 {h} 个头（前一 token 头）：行是查询，列是键",
+        "heat_ind": "第 1 层第 {h} 个头（归纳头）：重复部分的查询",
+        "obs_phase": "重复部分的损失在第 {a} 到第 {b} 步之间下降最陡：从 {la} 掉到 {lb}；"
+                     "把中点第 {s} 步叫作相变点。从第 {w0} 步到第 {w1} 步这 {w} 步里，它从 "
+                     "{lw0} 掉到 {lw1}，占了全程下降（第 0 步的 {l0} 到第 {n} 步的 {final}）"
+                     "的 {share}；而整个训练有 {n} 步。",
+        "obs_no_phase": "在 {n} 步内，重复部分的损失没有明显下降（最后是 {final}，随机水平 "
+                        "{chance:.3f}）：这次训练没有看到相变。",
+        "obs_first_flat": "随机部分一直停在随机水平：它的损失离 ln {v} = {chance:.3f} 从没超过 "
+                          "{dev}。随机 token 无法预测，模型也没有假装能预测。",
+        "obs_first_bump": "随机部分大体停在随机水平 ln {v} = {chance:.3f}，但在第 {at} 步偏离了 "
+                          "{dev}：新形成的头有时在那里也去抄，把错的答案说得太肯定。第 {n} 步时"
+                          "它是 {final}，离随机水平 {back}。",
+        "obs_prev": "第 0 层第 {h} 个头平均把 {s} 的权重放在 t−1 上（均匀分配只有 {u}）："
+                    "这就是演示 05 (d) 里只用 RoPE 手工搭出来的前一 token 头，也是演示 09 在 "
+                    "SmolLM2 里找到的那种头；这里是梯度下降从随机权重自己找到的。",
+        "obs_ind": "第 1 层第 {h} 个头在重复部分平均把 {s} 的权重放在“当前 token 上一次出现的"
+                   "下一个位置”上（均匀分配只有 {u}），再把那里的 token 抄过来。它靠第 0 层写进"
+                   "每个位置的“我前面是谁”来找这个位置：一个头做不到，要两层里的两个头配合。",
+        "obs_heat": "热力图里看得最清楚：前一 token 头在紧贴对角线下方的一条线上，平均权重 "
+                    "{wp}；归纳头的查询 t 看的是键 t − {off}，一条斜线，平均权重 {w}。",
+        "obs_together": "两个头是在损失骤降的同时形成的：在同样的第 {a}–{b} 步，前一 token 分从 "
+                        "{pa} 变到 {pb}，归纳分从 {ia} 变到 {ib}；第 0 步时它们是 {p0} 和 "
+                        "{i0}，最后是 {pn} 和 {in_}。",
+    },
+    "en": {
+        "setup": "1. The task and the model",
+        "task": "Each sequence has {t} positions: a start token (BOS), then P tokens drawn at "
+                "random from {v}, then those P tokens again and again until the row is full. "
+                "P differs per sequence, from {p0} to {p1}, so counting a fixed number of "
+                "places back cannot find the answer; only \"where did this token occur "
+                "before?\" can. The random part is best guessed uniformly, a loss of "
+                "ln {v} = {chance:.3f} (chance); the repeat can be copied.",
+        "param": "parameter", "value": "value",
+        "p_model": "model", "model": "{l} layers, attention only (no MLP), d = {d}, {hh} heads, "
+                                     "RoPE, RMSNorm, biases",
+        "p_params": "parameters", "p_opt": "optimizer",
+        "opt": "AdamW, lr {lr:g} ({w} warmup steps, cosine to {mn:g}), clip {c:g}",
+        "p_data": "training data", "data": "{s} steps × {b} fresh sequences",
+        "p_time": "training time", "trained": "{t} (NumPy, this machine)",
+        "curve": "2. The loss curves: the random part vs the repeat",
+        "curve_setup": "Scored every {e} steps on {n} fixed held-out sequences; the table shows "
+                       "every {k}th step and the steepest drop. Losses in nats, chance = "
+                       "{chance:.3f}. The last two columns score layer 0's best "
+                       "previous-token head and layer 1's best induction head (part 3).",
+        "step": "step", "lr": "lr", "first": "random", "repeat": "repeat",
+        "prev": "prev score", "ind": "induction",
+        "phase_mark": "← steepest",
+        "heads": "3. Finding the two heads by their scores",
+        "heads_setup": "Previous-token score = the mean weight position t puts on t−1 (t ≥ 1). "
+                       "Induction score = in the repeat, the mean weight position t puts on the "
+                       "position just after its token's earlier occurrence. Both are averaged "
+                       "over the {n} held-out sequences; a head spreading its weight evenly "
+                       "over what it can see would score {up} and {ui}.",
+        "layer": "layer", "head": "head", "best_prev": "← previous-token head",
+        "best_ind": "← induction head",
+        "heat_setup": "A new sequence: BOS, {p} random tokens, and the same again. Labels are "
+                      "token ids; only the first {k} keys are drawn.",
+        "heat_prev": "Layer 0, head {h} (previous-token head): rows query, columns key",
+        "heat_ind": "Layer 1, head {h} (induction head): the repeat's queries",
+        "obs_phase": "The repeat's loss falls steepest between steps {a} and {b}, from {la} "
+                     "to {lb}; call the midpoint, step {s}, the phase change. In the {w} steps "
+                     "from {w0} to {w1} it falls from {lw0} to {lw1}: {share} of its whole "
+                     "fall, from {l0} at step 0 to {final} at step {n}, in a run of {n} steps.",
+        "obs_no_phase": "Within {n} steps the repeat's loss shows no clear drop (it ends at "
+                        "{final}, chance is {chance:.3f}): no phase change in this run.",
+        "obs_first_flat": "The random part stays at chance throughout: its loss never moves "
+                          "more than {dev} from ln {v} = {chance:.3f}. Random tokens cannot be "
+                          "predicted, and the model does not pretend to.",
+        "obs_first_bump": "The random part mostly stays at chance, ln {v} = {chance:.3f}, but "
+                          "strays by {dev} at step {at}: the new heads sometimes copy there "
+                          "too, confidently and wrongly. At step {n} it is {final}, {back} from "
+                          "chance.",
+        "obs_prev": "Layer 0, head {h} puts {s} of its weight on t−1 on average (even "
+                    "attention: {u}). It is the previous-token head demo 05 (d) built by hand "
+                    "from RoPE, and the kind demo 09 found in SmolLM2; here gradient descent "
+                    "found it, starting from random weights.",
+        "obs_ind": "Layer 1, head {h}, in the repeat, puts {s} of its weight on the position "
+                   "just after its token's earlier occurrence (even attention: {u}), and copies "
+                   "the token there. It finds that position through what layer 0 wrote into "
+                   "each one, \"the token before me\": one head cannot do this, it takes two "
+                   "heads in two layers.",
+        "obs_heat": "The heatmaps show it directly: the previous-token head is a line just "
+                    "below the diagonal, {wp} on average; the induction head's query t looks "
+                    "at key t − {off}, a diagonal of weight {w} on average.",
+        "obs_together": "The heads form as the loss falls: over the same steps, {a}–{b}, the "
+                        "previous-token score goes from {pa} to {pb} and the induction score "
+                        "from {ia} to {ib}; at step 0 they were {p0} and {i0}, at the end {pn} "
+                        "and {in_}.",
+    },
+}
 
 
 if __name__ == "__main__":

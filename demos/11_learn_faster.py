@@ -12,6 +12,10 @@ and adds one of a different kind:
 
 Every row trains 3 times (3 seeds for the weights and the data) and reports the
 loss after 100 steps on one fixed evaluation batch, mean ± spread.
+
+The lines it teaches: transformer_lab/training/optim.py's cosine_lr and AdamW.step, and
+config.py's llama_config beside gpt2_config (the block each row changes), stepped by
+training/step.py's train_step.
 """
 from __future__ import annotations
 
@@ -59,83 +63,6 @@ ROW_SETUP = {  # each row keeps everything above it and changes one thing
 }
 
 TITLE = {"zh": "100 步里学得更快", "en": "Learn faster in 100 steps"}
-TEXT = {
-    "zh": {
-        "setup": "1. 任务与起点",
-        "task": "任务：逐字符预测 Python 源码，语料是 {files} 个标准库模块，共 {chars} 个字符、"
-                "{v} 种字符。每一步取 {b} 段、每段 {t} 个字符的新窗口；恰好训练 {n} 步。"
-                "损失在同一批固定的 {e} 段评估窗口上算（单位 nat），随机水平是 "
-                "ln {v} = {chance:.3f}。",
-        "model": "GPT-2 式模型：{l} 层，d = {d}，{h} 个头，LayerNorm、tanh 近似的 GELU（MLP {ff} 宽）、"
-                 "学出来的位置、偏置、词嵌入与输出层共享；{p} 个参数。",
-        "rows": "2. 一次加一个改动（每行保留上面所有行的改动）",
-        "row": "", "change": "改动", "setting": "设置", "loss": "{n} 步后的损失",
-        "gain": "比上一行", "baseline": "基线", "schedule": "+ 预热与余弦",
-        "adamw": "+ AdamW", "arch": "+ 架构",
-        "s_baseline": "SGD lr {lr:g}",
-        "s_schedule": "SGD lr {lr:g}",
-        "s_adamw": "AdamW lr {lr:g}",
-        "s_arch": "Llama 式块",
-        "lower": "低 {x}", "higher": "反而高 {x}",
-        "legend": "均值 ± 标准差，{k} 个种子（种子决定初始权重和训练数据）。第 1 行的 lr "
-                  "一直不变；从第 2 行起先预热 {w} 步（线性升到峰值），再按余弦降到峰值的 "
-                  "{ms:.0%}。AdamW：betas {b1:g}、{b2:g}，权重衰减 {wd:g}。梯度都裁剪到 {c:g}。"
-                  "Llama 式块：pre-norm RMSNorm、SwiGLU（MLP {ff} 宽）、RoPE，没有偏置；"
-                  "{p} 个参数。",
-        "time": "{runs} 次训练共用时 {t}（NumPy，本机）。",
-        "obs_rank": "作用最大的是“{best}”：损失从 {a} 降到 {b}，低了 {g}。"
-                    "其次是“{second}”（{g2}），最小的是“{least}”（{g3}）。",
-        "obs_noise": "每一步改进都比种子之间的差别大：最大的标准差只有 {s}。",
-        "obs_noise_some": "“{names}”的改进不比种子之间的差别大（标准差达 {s}）："
-                          "只跑一个种子，看不出它是否真的有用。",
-        "obs_total": "三处改动加起来，{n} 步后的损失从 {a} 降到 {b}（随机水平 {chance:.3f}）："
-                     "同样的步数、同样的数据量，学到的多得多。",
-        "obs_kinds": "三种改动的性质不同：学习率和调度只改每一步走多远；AdamW 让每个参数"
-                     "按自己梯度的大小来定步长；架构改的是模型本身，不增加参数量"
-                     "（{p1} 对 {p2} 个参数）。",
-        "obs_worse": "“{name}”这一行反而让损失变差了（{a} → {b}）。",
-    },
-    "en": {
-        "setup": "1. The task and the starting point",
-        "task": "Task: predict Python source character by character, from {files} "
-                "standard-library modules ({chars} characters, {v} distinct). Each step draws "
-                "{b} fresh windows of {t} characters; exactly {n} steps. The loss is measured on one fixed evaluation batch of {e} windows "
-                "(nats); chance is ln {v} = {chance:.3f}.",
-        "model": "GPT-2-style model: {l} layers, d = {d}, {h} heads, LayerNorm, tanh GELU "
-                 "(MLP {ff} wide), learned positions, biases, tied embeddings; {p} parameters.",
-        "rows": "2. One change at a time (each row keeps every change above it)",
-        "row": "", "change": "change", "setting": "setting", "loss": "loss at {n}",
-        "gain": "vs above", "baseline": "baseline", "schedule": "+ warmup, cosine",
-        "adamw": "+ AdamW", "arch": "+ architecture",
-        "s_baseline": "SGD lr {lr:g}",
-        "s_schedule": "SGD lr {lr:g}",
-        "s_adamw": "AdamW lr {lr:g}",
-        "s_arch": "Llama-style block",
-        "lower": "{x} lower", "higher": "{x} higher",
-        "legend": "Mean ± std over {k} seeds (a seed sets the initial weights and the training "
-                  "data). Row 1 keeps its lr constant; from row 2 on it climbs linearly for "
-                  "{w} warmup steps, then falls along a cosine to {ms:.0%} of the peak. AdamW: "
-                  "betas {b1:g}, {b2:g}, weight decay {wd:g}. Gradients clipped to {c:g} in "
-                  "every row. Llama-style block: pre-norm RMSNorm, SwiGLU (MLP {ff} wide), "
-                  "RoPE, no biases; {p} parameters.",
-        "time": "All {runs} training runs took {t} (NumPy, this machine).",
-        "obs_rank": "The change that mattered most is \"{best}\": the loss went from {a} to "
-                    "{b}, {g} lower. Next is \"{second}\" ({g2}); the least is "
-                    "\"{least}\" ({g3}).",
-        "obs_noise": "Every step of improvement is larger than the differences between seeds: "
-                     "the largest std is only {s}.",
-        "obs_noise_some": "The gain of \"{names}\" is no larger than the differences between "
-                          "seeds (std up to {s}): with one seed you could not tell whether it "
-                          "helps.",
-        "obs_total": "Together the three changes take the loss after {n} steps from {a} to {b} "
-                     "(chance {chance:.3f}): the same steps and the same data, far more learned.",
-        "obs_kinds": "The three changes are of different kinds: the learning rate and its "
-                     "schedule change only how far each step goes; AdamW gives every parameter "
-                     "a step sized by its own gradients; the architecture changes the model "
-                     "itself, at about the same size ({p1} vs {p2} parameters).",
-        "obs_worse": "The row \"{name}\" made the loss worse ({a} → {b}).",
-    },
-}
 
 
 def configs(vocab, sizes):
@@ -314,6 +241,87 @@ def figures(result, lang="zh"):
     ax.legend()
     fig.suptitle(t["title"].format(n=result["steps"], k=len(result["seeds"])))
     return {"losses": fig}
+
+
+# ---------------------------------------------------------------- the text, zh and en
+
+TEXT = {
+    "zh": {
+        "setup": "1. 任务与起点",
+        "task": "任务：逐字符预测 Python 源码，语料是 {files} 个标准库模块，共 {chars} 个字符、"
+                "{v} 种字符。每一步取 {b} 段、每段 {t} 个字符的新窗口；恰好训练 {n} 步。"
+                "损失在同一批固定的 {e} 段评估窗口上算（单位 nat），随机水平是 "
+                "ln {v} = {chance:.3f}。",
+        "model": "GPT-2 式模型：{l} 层，d = {d}，{h} 个头，LayerNorm、tanh 近似的 GELU（MLP {ff} 宽）、"
+                 "学出来的位置、偏置、词嵌入与输出层共享；{p} 个参数。",
+        "rows": "2. 一次加一个改动（每行保留上面所有行的改动）",
+        "row": "", "change": "改动", "setting": "设置", "loss": "{n} 步后的损失",
+        "gain": "比上一行", "baseline": "基线", "schedule": "+ 预热与余弦",
+        "adamw": "+ AdamW", "arch": "+ 架构",
+        "s_baseline": "SGD lr {lr:g}",
+        "s_schedule": "SGD lr {lr:g}",
+        "s_adamw": "AdamW lr {lr:g}",
+        "s_arch": "Llama 式块",
+        "lower": "低 {x}", "higher": "反而高 {x}",
+        "legend": "均值 ± 标准差，{k} 个种子（种子决定初始权重和训练数据）。第 1 行的 lr "
+                  "一直不变；从第 2 行起先预热 {w} 步（线性升到峰值），再按余弦降到峰值的 "
+                  "{ms:.0%}。AdamW：betas {b1:g}、{b2:g}，权重衰减 {wd:g}。梯度都裁剪到 {c:g}。"
+                  "Llama 式块：pre-norm RMSNorm、SwiGLU（MLP {ff} 宽）、RoPE，没有偏置；"
+                  "{p} 个参数。",
+        "time": "{runs} 次训练共用时 {t}（NumPy，本机）。",
+        "obs_rank": "作用最大的是“{best}”：损失从 {a} 降到 {b}，低了 {g}。"
+                    "其次是“{second}”（{g2}），最小的是“{least}”（{g3}）。",
+        "obs_noise": "每一步改进都比种子之间的差别大：最大的标准差只有 {s}。",
+        "obs_noise_some": "“{names}”的改进不比种子之间的差别大（标准差达 {s}）："
+                          "只跑一个种子，看不出它是否真的有用。",
+        "obs_total": "三处改动加起来，{n} 步后的损失从 {a} 降到 {b}（随机水平 {chance:.3f}）："
+                     "同样的步数、同样的数据量，学到的多得多。",
+        "obs_kinds": "三种改动的性质不同：学习率和调度只改每一步走多远；AdamW 让每个参数"
+                     "按自己梯度的大小来定步长；架构改的是模型本身，不增加参数量"
+                     "（{p1} 对 {p2} 个参数）。",
+        "obs_worse": "“{name}”这一行反而让损失变差了（{a} → {b}）。",
+    },
+    "en": {
+        "setup": "1. The task and the starting point",
+        "task": "Task: predict Python source character by character, from {files} "
+                "standard-library modules ({chars} characters, {v} distinct). Each step draws "
+                "{b} fresh windows of {t} characters; exactly {n} steps. The loss is measured on one fixed evaluation batch of {e} windows "
+                "(nats); chance is ln {v} = {chance:.3f}.",
+        "model": "GPT-2-style model: {l} layers, d = {d}, {h} heads, LayerNorm, tanh GELU "
+                 "(MLP {ff} wide), learned positions, biases, tied embeddings; {p} parameters.",
+        "rows": "2. One change at a time (each row keeps every change above it)",
+        "row": "", "change": "change", "setting": "setting", "loss": "loss at {n}",
+        "gain": "vs above", "baseline": "baseline", "schedule": "+ warmup, cosine",
+        "adamw": "+ AdamW", "arch": "+ architecture",
+        "s_baseline": "SGD lr {lr:g}",
+        "s_schedule": "SGD lr {lr:g}",
+        "s_adamw": "AdamW lr {lr:g}",
+        "s_arch": "Llama-style block",
+        "lower": "{x} lower", "higher": "{x} higher",
+        "legend": "Mean ± std over {k} seeds (a seed sets the initial weights and the training "
+                  "data). Row 1 keeps its lr constant; from row 2 on it climbs linearly for "
+                  "{w} warmup steps, then falls along a cosine to {ms:.0%} of the peak. AdamW: "
+                  "betas {b1:g}, {b2:g}, weight decay {wd:g}. Gradients clipped to {c:g} in "
+                  "every row. Llama-style block: pre-norm RMSNorm, SwiGLU (MLP {ff} wide), "
+                  "RoPE, no biases; {p} parameters.",
+        "time": "All {runs} training runs took {t} (NumPy, this machine).",
+        "obs_rank": "The change that mattered most is \"{best}\": the loss went from {a} to "
+                    "{b}, {g} lower. Next is \"{second}\" ({g2}); the least is "
+                    "\"{least}\" ({g3}).",
+        "obs_noise": "Every step of improvement is larger than the differences between seeds: "
+                     "the largest std is only {s}.",
+        "obs_noise_some": "The gain of \"{names}\" is no larger than the differences between "
+                          "seeds (std up to {s}): with one seed you could not tell whether it "
+                          "helps.",
+        "obs_total": "Together the three changes take the loss after {n} steps from {a} to {b} "
+                     "(chance {chance:.3f}): the same steps and the same data, far more learned.",
+        "obs_kinds": "The three changes are of different kinds: the learning rate and its "
+                     "schedule change only how far each step goes; AdamW gives every parameter "
+                     "a step sized by its own gradients; the architecture changes the model "
+                     "itself, at about the same size ({p1} vs {p2} parameters).",
+        "obs_worse": "The row \"{name}\" made the loss worse ({a} → {b}).",
+    },
+}
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ Part 1 prices that cache for published configs (their config.json values,
 cited below) in bf16; part 2 gives each design's formula; part 3 measures
 decode on this machine with SmolLM2-shaped random models (d = 576) for MHA,
 GQA, MQA and MLA, and finds where reading the cache overtakes reading the weights.
+
+The lines it teaches: transformer_lab/cache.py's KVCache (bytes_per_token: 2 · layers ·
+G · D · itemsize) and measure's param_bytes.
 """
 from __future__ import annotations
 

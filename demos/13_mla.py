@@ -8,6 +8,9 @@ fold into the query and the output ("absorbed"), so attention reads the latent
 directly. The part that carries RoPE cannot fold: a rotation that depends on
 the position gap sits between W_Q and W_UK. So DeepSeek caches a separate,
 decoupled RoPE key of qk_rope_head_dim values beside the latent.
+
+The lines it teaches: transformer_lab/mla.py's mla_attention_naive beside
+mla_attention_absorbed.
 """
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ serving.
 Timings are measured on the spot (one BLAS thread: the matrices are small and the
 machine may be busy); the tests check the counts and the consistency of every
 claim, never a timing value.
+
+The lines it teaches: transformer_lab/serve/scheduler.py's Scheduler.schedule (which
+sequences and chunks each step runs) and the engine's step over it.
 """
 from __future__ import annotations
 

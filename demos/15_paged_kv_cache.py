@@ -12,6 +12,9 @@ random model:
    from llm.stats() and the time to first token with and without it;
 4. preemption in a small pool: it happens, and the outputs equal a run with a
    big pool.
+
+The lines it teaches: transformer_lab/serve/block_manager.py's BlockManager (blocks
+allocated, freed and shared by prefix hash, chain_hash).
 """
 from __future__ import annotations
 

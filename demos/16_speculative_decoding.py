@@ -11,6 +11,9 @@ when the tokens gained per pass exceed what a pass of k+1 tokens costs.
 It runs on SmolLM2-135M when it is installed, --quick too (fewer tokens and fewer
 k, the same story); a machine without it uses a small random stand-in model, whose
 greedy output falls into loops.
+
+The lines it teaches: transformer_lab/speculative.py's speculative_generate and accept
+(draft k tokens, verify them in one pass, keep the agreed prefix).
 """
 from __future__ import annotations
 

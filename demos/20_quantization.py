@@ -11,6 +11,9 @@ token; the serving engine's int8 pool holds more blocks in the same memory.
 
 Full runs use SmolLM2-135M when it is installed; --quick (and a machine without it)
 uses a small random stand-in model with a few loud channels planted in it.
+
+The lines it teaches: quantize_model's RTN and AWQ (awq_scales), the GGUF codec's Q4/Q8
+blocks, and kv_quant.py's int8 KV (keys per channel, values per token).
 """
 from __future__ import annotations
 
