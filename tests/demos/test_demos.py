@@ -211,9 +211,12 @@ def test_pause_is_ignored_without_a_terminal():
     assert out.returncode == 0, out.stderr
 
 
-def test_readme_quick_start_runs_run_all():
+def test_readme_quick_start_runs_run_all_quick_and_names_the_full_run():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "python run_all.py" in readme
+    start = readme.index("## Quick start")
+    first = readme[readme.index("```bash", start):].splitlines()[1]
+    assert first.endswith("&& python run_all.py --quick")
+    assert "is `python run_all.py`:" in readme[start:readme.index("\n## ", start + 1)]
 
 
 # ---------------------------------------------------------------- exports for slides
