@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import fmt_float, print_observations, print_section, print_table, print_text
+from console import fmt_float, fmt_pct, print_observations, print_section, print_table, print_text
 from transformer_lab import attention_core, attention_weights
 
 NUMBER = 8
@@ -128,10 +128,6 @@ def compute(quick=False):
             "variance_ratio": c2["single"]["output_var"] / c2["two"]["output_var"]}
 
 
-def _pct(x):
-    return f"{100 * x:.1f}%"
-
-
 def render(result, lang="zh"):
     t = TEXT[lang]
     a, b = result["a"] + 1, result["b"] + 1
@@ -177,13 +173,13 @@ def render(result, lang="zh"):
                               gap=f"{c2['score_gap_std']:.2f}",
                               w=f"{c2['single']['w_a_mean']:.3f}",
                               s=f"{c2['single']['w_a_std']:.3f}",
-                              far=_pct(c2["single"]["far_share"]), thr=result["far"],
+                              far=fmt_pct(c2["single"]["far_share"]), thr=result["far"],
                               mean_dist=f"{c2['single']['mean_output_dist']:.3f}"),
         t["obs_two"].format(s=f"{c2['two']['w_a_std']:.3f}",
                             v2=f"{c2['two']['output_var']:.4f}",
                             v1=f"{c2['single']['output_var']:.4f}",
                             ratio=f"{result['variance_ratio']:.0f}"),
-        t["obs_tail"].format(far=_pct(c2["two"]["far_share"]), thr=result["far"],
+        t["obs_tail"].format(far=fmt_pct(c2["two"]["far_share"]), thr=result["far"],
                              gmax=f"{gmax:.2f}", score=f"{result['lambda'] * gmax:.1f}",
                              rivals=result["n"] - 1),
     ])

@@ -327,10 +327,6 @@ def compute(quick=False):
 
 # ---------------------------------------------------------------- render
 
-def _bytes(n):
-    return fmt_num(n)  # '538 M' + 'B'
-
-
 def _diff(x):
     return "0" if x == 0 else f"{x:.1e}"
 
@@ -394,7 +390,7 @@ def observations(result, lang):
     one = _by_batch(dec, 1)
     measured = one["median_s"]
     bound = dict(t=fmt_time(measured), r=fmt_ratio(one["tokens_per_s"]),
-                 b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
+                 b=fmt_num(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
                  tm=fmt_time(dec["memory_bound_s"]), f=fmt_num(dec["flops_per_token"]),
                  pk=fmt_num(dec["peak_flops"]), tc=fmt_time(dec["compute_bound_s"]),
                  mr=fmt_ratio(measured / dec["memory_bound_s"]),
@@ -410,10 +406,10 @@ def observations(result, lang):
 
     S = m["max_seq"]
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
-    items.append(t["obs_gqa"].format(H=m["n_heads"], G=m["n_kv_heads"], kv=_bytes(gqa),
-                                     kv_mha=_bytes(mha), ratio=f"{mha / gqa:g}", S=S,
-                                     c=_bytes(gqa * S), c_mha=_bytes(mha * S),
-                                     w=_bytes(dec["weight_bytes"])))
+    items.append(t["obs_gqa"].format(H=m["n_heads"], G=m["n_kv_heads"], kv=fmt_num(gqa),
+                                     kv_mha=fmt_num(mha), ratio=f"{mha / gqa:g}", S=S,
+                                     c=fmt_num(gqa * S), c_mha=fmt_num(mha * S),
+                                     w=fmt_num(dec["weight_bytes"])))
 
     big = _by_batch(dec, BATCHES[-1])
     gain = big["tokens_per_s"] / one["tokens_per_s"]
@@ -461,7 +457,7 @@ def render(result, lang="zh"):
     print_text(t["setup"].format(file=m["file"], L=m["n_layers"], d=m["d_model"], H=m["n_heads"],
                                  G=m["n_kv_heads"], D=m["head_dim"], ff=m["d_ff"], V=m["vocab"],
                                  n=fmt_num(m["n_params"]).strip(),
-                                 mb=_bytes(m["param_bytes"]) + "B", load=fmt_time(result["load_s"])),
+                                 mb=fmt_num(m["param_bytes"]) + "B", load=fmt_time(result["load_s"])),
                style="dim")
 
     # 1. previous-token heads
@@ -506,7 +502,7 @@ def render(result, lang="zh"):
          t["measured_basis"].format(s=dec["steps"])],
         [_mark(t["mem_bound"], bw_ok), fmt_time(dec["memory_bound_s"]),
          fmt_ratio(1 / dec["memory_bound_s"]),
-         t["mem_basis"].format(b=_bytes(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]))],
+         t["mem_basis"].format(b=fmt_num(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]))],
         [_mark(t["comp_bound"], pk_ok), fmt_time(dec["compute_bound_s"]),
          fmt_ratio(1 / dec["compute_bound_s"]),
          t["comp_basis"].format(f=fmt_num(dec["flops_per_token"]), pk=fmt_num(dec["peak_flops"]))],
@@ -540,8 +536,8 @@ def render(result, lang="zh"):
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
     print_text(t["kv_title"].format(L=m["n_layers"], D=m["head_dim"]))
     print_table([t["design"], t["kv_heads"], t["per_tok"], t["full_ctx"].format(S=S)], [
-        [t["gqa"], m["n_kv_heads"], _bytes(gqa) + "B", _bytes(gqa * S) + "B"],
-        [t["mha"], m["n_heads"], _bytes(mha) + "B", _bytes(mha * S) + "B"],
+        [t["gqa"], m["n_kv_heads"], fmt_num(gqa) + "B", fmt_num(gqa * S) + "B"],
+        [t["mha"], m["n_heads"], fmt_num(mha) + "B", fmt_num(mha * S) + "B"],
     ])
 
     print_observations(observations(result, lang))

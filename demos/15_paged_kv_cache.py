@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import fmt_time, print_observations, print_section, print_table, print_text
+from console import fmt_pct, fmt_time, print_observations, print_section, print_table, print_text
 from transformer_lab import init_params, llama_config
 from transformer_lab.measure import blas_threads
 from transformer_lab.serve import LLM, SamplingParams
@@ -220,10 +220,6 @@ def compute(quick=False):
 
 # ---------------------------------------------------------------- render
 
-def _pct(x):
-    return f"{x:.1%}"
-
-
 def render(result, lang="zh"):
     t = TEXT[lang]
     m, w, mem, fit = result["model"], result["workload"], result["memory"], result["fit"]
@@ -234,7 +230,7 @@ def render(result, lang="zh"):
     print_section(t["mem"].format(n=w["requests"], p0=w["prompt_range"][0],
                                   p1=w["prompt_range"][1], om=w["out_mean"]))
     print_table([t["design"], t["slots"], t["held"], t["waste"], t["bytes"]],
-                [[t[d], mem[d], mem["tokens"], _pct(mem[f"{d}_waste"]),
+                [[t[d], mem[d], mem["tokens"], fmt_pct(mem[f"{d}_waste"]),
                   mem[d] * mem["bytes_per_token"]] for d in DESIGNS])
     print_text(t["mem_note"].format(r=mem["running"], t=mem["tokens"]), style="dim")
     print_section(t["fit"].format(k=fit["reservations"], blocks=fit["blocks"]))
@@ -262,7 +258,7 @@ def render(result, lang="zh"):
     print_section(t["prefix"].format(n=pc["users"], s=pc["system"], u0=pc["user_range"][0],
                                      u1=pc["user_range"][1], o=pc["out"]))
     print_table([t["pc"], t["hit"], t["computed"], t["ttft50"], t["ttft_max"], t["wall"]],
-                [[t[k], _pct(pc[k]["hit_rate"]), pc[k]["prefill_computed"],
+                [[t[k], fmt_pct(pc[k]["hit_rate"]), pc[k]["prefill_computed"],
                   fmt_time(pc[k]["ttft_p50"]), fmt_time(pc[k]["ttft_max"]), fmt_time(pc[k]["wall"])]
                  for k in ("off", "on")])
 
@@ -281,9 +277,9 @@ def render(result, lang="zh"):
             if not pre["differ"] else t["obs_pre_diff"].format(d=pre["differ"]))
     obs = [
         t["obs_waste"].format(r=mem["running"], t=mem["tokens"], c=mem["contig"],
-                              cw=_pct(mem["contig_waste"]), e=mem["exact"],
-                              ew=_pct(mem["exact_waste"]), p=mem["paged"], pb=mem["paged_blocks"],
-                              pw=_pct(mem["paged_waste"]), bm=result["block_size"] - 1),
+                              cw=fmt_pct(mem["contig_waste"]), e=mem["exact"],
+                              ew=fmt_pct(mem["exact_waste"]), p=mem["paged"], pb=mem["paged_blocks"],
+                              pw=fmt_pct(mem["paged_waste"]), bm=result["block_size"] - 1),
         t["obs_fit"].format(k=fit["reservations"], blocks=fit["blocks"], m=paged["max_running"],
                             mean=f"{paged['mean_running']:.1f}",
                             cmean=f"{fit['contig']['mean_running']:.1f}",
@@ -291,7 +287,7 @@ def render(result, lang="zh"):
                             pre=fit_pre),
         t["obs_pic"].format(n=len(pic["shared"]), ids=pic["shared"], rest=pic["prefix_rest"],
                             ta=pic["table_a"], tb=pic["table_b"]),
-        t[hit_key].format(rate=_pct(pc["on"]["hit_rate"]), h=pc["on"]["hit_tokens"],
+        t[hit_key].format(rate=fmt_pct(pc["on"]["hit_rate"]), h=pc["on"]["hit_tokens"],
                           q=pc["on"]["query_tokens"], con=pc["on"]["prefill_computed"],
                           coff=pc["off"]["prefill_computed"], x=f"{pc['saving']:.1f}",
                           t_off=fmt_time(pc["off"]["ttft_p50"]),
@@ -315,7 +311,7 @@ def figures(result, lang="zh"):
     ax.bar(x, held, color="tab:blue", label=t["held"], gid="held")
     ax.bar(x, wasted, bottom=held, color="0.75", label=t["wasted"], gid="wasted")
     for i, d in enumerate(DESIGNS):
-        ax.text(i, mem[d], _pct(mem[f"{d}_waste"]), ha="center", va="bottom")
+        ax.text(i, mem[d], fmt_pct(mem[f"{d}_waste"]), ha="center", va="bottom")
     ax.set_xticks(x, [names[d] for d in DESIGNS])
     ax.set_ylabel(t["y"])
     ax.legend()
