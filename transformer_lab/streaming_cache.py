@@ -68,20 +68,12 @@ def _per_row(value, name, batch, low):
 class StreamingCache(_PerHeadKV, CacheProtocol):
     """StreamingCacheReference's numbers, for chunks and per-row sizes.
 
-    Keys are cached before RoPE and rotated by their place in the cache, slot j at
-    position j (mit-han-lab/streaming-llm's pos_shift attention), and a new token's query
-    sits at its own slot: every query-key distance stays below sinks + window. With the
-    tokens' original positions the window's distances would be the same (RoPE depends on
-    the distance only) but the sinks' would grow with the text, past the longest distance
-    the model was trained on (max_seq); and learned positions stop at max_seq altogether.
-    Demo 21 shows both: the window alone breaking on SmolLM2 and 4 sinks repairing it, and
-    the sinks moved 4 * max_seq back (where original positions would put them) breaking it.
-
-    In a chunk each query sees the sinks and the `window` tokens up to itself, the sinks
-    at the distance its own step would put them, so a long text can go in as a prefill.
-    k[l] and v[l] are [B, sinks + window, G, D], the keys unrotated. `window` and `sinks`
-    are ints, or one per row, so variants share one forward pass; weights(layer) gives the
-    record each query's weights over the slots it saw.
+    Keys are cached before RoPE and rotated by their slot (streaming-llm's pos_shift), so
+    every query-key distance stays below sinks + window: with the tokens' own positions the
+    sinks' would grow past max_seq (demo 21 shows that breaking SmolLM2). In a chunk each
+    query sees the sinks and the window up to itself, as its own step would. k[l], v[l]:
+    [B, sinks + window, G, D], unrotated; `window` and `sinks` are ints or one per row;
+    weights(layer) gives each query's weights over the slots it saw.
     """
 
     rotates_keys = True  # forward hands over unrotated keys (model.attention_block)
@@ -113,15 +105,13 @@ class StreamingCache(_PerHeadKV, CacheProtocol):
         return self._seen.copy()
 
     def sink_positions(self):
-        """The positions the sinks' keys are rotated by: their slots 0 .. sinks-1, [S]
-        (S the most sinks of any row). A subclass may return others, [S] or [B, S] per row
-        (demo 21 moves the sinks where original positions would put them this way)."""
+        """The positions the sinks' keys are rotated by: their slots, [S] (S the most sinks of
+        any row); a subclass may return others, [S] or [B, S] (demo 21 moves them back)."""
         return np.arange(int(self.sinks.max()))
 
     def _query_slots(self, new):
-        """The position each of `new` arriving tokens sits at on its own step, [B, new]: its
-        index in the text until the row is full, then the last slot; a sink's query at its
-        sink position (the sink keys' own distances to each other are the text's)."""
+        """Where each of `new` arriving tokens sits on its own step, [B, new]: its index in the
+        text until the row is full, then the last slot; a sink's query at its sink position."""
         t = self._seen[:, None] + np.arange(new)  # [B, new]
         at = np.minimum(t, self.capacity[:, None] - 1)
         S = int(self.sinks.max())
@@ -132,9 +122,8 @@ class StreamingCache(_PerHeadKV, CacheProtocol):
         return at
 
     def _step(self, new):
-        """The layout of a step of `new` tokens, made when the first layer asks and reused by
-        the others. The layer's keys are laid out as a buffer: the held slots, then the new
-        tokens after each row's held ones."""
+        """The layout of a step of `new` tokens (a buffer: the held slots, then each row's new
+        tokens), made when the first layer asks and reused by the others."""
         key = (new, self._seen.tobytes(), self._lengths.tobytes())
         if self._plan[0] != key:
             self._plan = (key, _StreamingStep(self, new))
@@ -167,9 +156,8 @@ class StreamingCache(_PerHeadKV, CacheProtocol):
         return out
 
     def attended(self, layer, new):
-        """What the last query of the last attend(layer, ...) attended over: (keys rotated by
-        their slots, values [B, S, G, D], offset: the slot of the chunk's first query when
-        one token came), as the activation record keeps them."""
+        """What the last query of the last attend(layer, ...) attended over, for the record:
+        (keys rotated by their slots, values [B, S, G, D], the slot of the first query)."""
         held, step, _ = self._last
         assert held == layer, "attended() reads the layer that attend() just ran"
         end = step.held.shape[1]
