@@ -138,7 +138,7 @@ def decode_steps(LLM, SamplingParams, cfg, params, prompts, batch, steps=12):
 
 def gather_cost(cfg, batch, context, block_size=16):
     """Seconds of the per-step K/V gather alone (all layers) for `batch` decodes at `context`."""
-    from transformer_lab.serve.model_runner import PagedKVPool
+    from transformer_lab.serve.kv_pool import PagedKVPool
     nb = -(-context // block_size)
     pool = PagedKVPool(cfg, batch * nb + 1, block_size)
     tables = np.arange(batch * nb).reshape(batch, nb)

@@ -29,7 +29,7 @@ from transformer_lab import (ActivationRecord, KVCache, forward, init_params, ll
 from transformer_lab.kv_quant import round_trip_error
 from transformer_lab.measure import bandwidth_matrix, read_bandwidth
 from transformer_lab.ops import log_softmax
-from transformer_lab.pretrained.quants import quantize_model
+from transformer_lab.measure.weight_quant import quantize_model
 
 NUMBER = 20
 SEED = 20
@@ -204,7 +204,7 @@ def engine_part(name, cfg, params, tokenizer, quick):
     held, and the greedy outputs of the same requests compared token by token."""
     from transformer_lab.measure.agreement import forced_agreement, greedy_agreement
     from transformer_lab.serve import LLM, SamplingParams
-    from transformer_lab.serve.model_runner import PagedKVPool
+    from transformer_lab.serve.kv_pool import PagedKVPool
 
     prompts = engine_prompts(name, cfg, tokenizer)
     n = QUICK_ENGINE_TOKENS if quick else ENGINE_TOKENS

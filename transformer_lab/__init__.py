@@ -10,7 +10,7 @@ from .streaming_cache import StreamingCache, StreamingCacheReference
 from .pretrained.model_file import load_checkpoint, save_checkpoint
 from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
 from .pretrained.gguf import find_model, load_gguf
-from .pretrained.quants import awq_scales, fake_quant, quantize_model
+from .measure.weight_quant import awq_scales, fake_quant, quantize_model
 from .generation import generate, generate_stream, sample_next
 from .model import check_tokens, forward, loss
 from .mla import mla_attention, mla_attention_absorbed, mla_attention_naive

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .validate import check_int
+from .validate import check_int, check_number
 
 NORMS = ("rms", "layer")
 MLPS = ("swiglu", "gelu", "gelu_tanh", "none")  # "none": attention-only blocks
@@ -85,12 +85,8 @@ class Config:
                 if self.attention == "mla" else
                 f"Config.pos='rope' needs an even head_dim; d_model/n_heads = {self.head_dim}")
         for name in ("rope_base", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-                raise ValueError(f"Config.{name} must be a number, got {value!r}")
-            if not np.isfinite(value) or value <= 0:
-                raise ValueError(f"Config.{name} must be a positive finite number, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, check_number(getattr(self, name), f"Config.{name}",
+                                                        low=0, low_open=True))
         for name in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")

@@ -6,8 +6,6 @@ every row comes back as if its prompt had been run alone.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .cache import KVCache
@@ -15,25 +13,19 @@ from .config import Config
 from .model import check_tokens, forward
 from .ops import softmax
 from .params import check_params
-from .validate import check_int
+from .validate import check_int, check_number
 
 
 def _check_sampling(greedy, temperature, top_k, vocab, seed=None, top_p=1.0, min_p=0.0):
     """The sampling arguments, each checked by name: bad ones are a ValueError, not a
     NumPy error (or worse, taken silently: top_k=True is not 1)."""
-    boolean = (bool, np.bool_)
-    if not isinstance(greedy, boolean):
+    if not isinstance(greedy, (bool, np.bool_)):
         raise ValueError(f"greedy must be True or False, got {greedy!r}")
-    number = (int, float, np.integer, np.floating)
-    if isinstance(temperature, boolean) or not isinstance(temperature, number) \
-            or not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    check_number(temperature, "temperature", low=0)
     if top_k is not None:
         check_int(top_k, "top_k", low=1, high=vocab, what=f"None or an int in [1, {vocab}]")
-    if isinstance(top_p, boolean) or not isinstance(top_p, number) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
-    if isinstance(min_p, boolean) or not isinstance(min_p, number) or not 0 <= min_p <= 1:
-        raise ValueError(f"min_p must be a number in [0, 1], got {min_p!r}")
+    check_number(top_p, "top_p", low=0, high=1, low_open=True)
+    check_number(min_p, "min_p", low=0, high=1)
     generator = (np.random.Generator, np.random.SeedSequence)
     if seed is not None and not isinstance(seed, generator):
         check_int(seed, "seed", low=0, what="None or an int >= 0")

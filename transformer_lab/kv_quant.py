@@ -20,11 +20,18 @@ def absmax_quantize(x, axis, bits=8):
     An all-zero slice gets scale 0 and codes 0."""
     bits = check_int(bits, "absmax_quantize: bits", low=2, high=8)
     x = np.asarray(x, dtype=np.float32)
-    top = np.float32(2 ** (bits - 1) - 1)
-    scale = np.abs(x).max(axis=axis, keepdims=True) / top
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(scale > 0, np.rint(x / scale), 0)
-    return q.astype(np.int8), scale
+    scale = np.abs(x).max(axis=axis, keepdims=True) / np.float32(2 ** (bits - 1) - 1)
+    return absmax_codes(x, scale, bits), scale
+
+
+def absmax_codes(x, scale, bits=8):
+    """round(x / scale) as int8, clipped to |q| <= 2^(bits-1) - 1, for a scale already
+    chosen (the paged pool's float16 scales, which a block's later rows may not raise).
+    A scale of 0 covers only zeros, which stay 0."""
+    s = np.asarray(scale, dtype=np.float32)
+    top = 2 ** (bits - 1) - 1
+    q = np.asarray(x, dtype=np.float32) / np.where(s > 0, s, np.float32(1))
+    return np.clip(np.rint(q, out=q), -top, top, out=q).astype(np.int8)
 
 
 def absmax_dequantize(q, scale):

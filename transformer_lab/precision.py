@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .params import named_params
-from .validate import check_int
+from .validate import check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -240,8 +240,5 @@ class DynamicLossScaler:
 
 
 def _positive(name, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"DynamicLossScaler: {name} must be a finite number > 0, got {value!r}")
-    return float(value)
+    return check_number(value, f"DynamicLossScaler: {name}", low=0, low_open=True)
 

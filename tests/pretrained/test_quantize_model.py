@@ -1,14 +1,15 @@
-"""quants without the gguf package: GGUF blocks worked by hand, fake_quant (llm-awq's
-pseudo_quantize_tensor), AWQ's scale search, and quantize_model over a small model."""
+"""pretrained.quants and measure.weight_quant without the gguf package: GGUF blocks worked by
+hand, fake_quant (llm-awq's pseudo_quantize_tensor), AWQ's scale search, and quantize_model
+over a small model."""
 import numpy as np
 import pytest
 
 from transformer_lab import forward, init_params, llama_config, named_params
 from transformer_lab.ops import log_softmax
 from transformer_lab.precision import round_to
-from transformer_lab.pretrained import quants
-from transformer_lab.pretrained.quants import (awq_scales, dequantize, fake_quant, group_bits,
-                                               quantize, quantize_model)
+from transformer_lab.measure import weight_quant
+from transformer_lab.measure.weight_quant import awq_scales, fake_quant, group_bits, quantize_model
+from transformer_lab.pretrained.quants import dequantize, quantize
 
 CFG = llama_config(vocab=96, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=128,
                    max_seq=64, dtype=np.float32)
@@ -138,7 +139,7 @@ def test_awq_without_activations_weights_the_error_by_x_absmean_squared():
 def test_awqs_folded_scales_leave_the_model_unchanged_until_rounding():
     params = outlier_params()
     tokens = np.random.default_rng(2).integers(0, CFG.vocab, size=(2, 24))
-    blocks, alphas = quants._awq_fold(params, CFG, tokens, 4, 32)
+    blocks, alphas = weight_quant._awq_fold(params, CFG, tokens, 4, 32)
     assert len(alphas) == CFG.n_layers and set(alphas[0]) == {"qkv", "o", "gate_up", "down"}
     folded = {**params, "blocks": blocks}
     np.testing.assert_allclose(forward(folded, CFG, tokens), forward(params, CFG, tokens),

@@ -7,7 +7,7 @@ from serve_helpers import model, no_leaks, prompts
 from transformer_lab import llama_config
 from transformer_lab.measure.agreement import forced_agreement, greedy_agreement
 from transformer_lab.serve import LLM, SamplingParams
-from transformer_lab.serve.model_runner import PagedKVPool
+from transformer_lab.serve.kv_pool import PagedKVPool
 
 SMOLLM2 = llama_config(vocab=49152, d_model=576, n_heads=9, n_kv_heads=3, n_layers=30,
                        d_ff=1536, max_seq=8192, dtype=np.float32)

@@ -27,7 +27,7 @@ from ..pretrained.gguf import DEFAULT_GGUF
 from ..pretrained.model_file import MODEL_FILE
 from ..serve.api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from ..serve.engine_loop import BATCHING
-from ..serve.model_runner import KV_CACHE_DTYPES
+from ..serve.kv_pool import KV_CACHE_DTYPES
 from ..serve.speculative_config import SpeculativeConfig
 
 API_KEY_ENV = "TRANSFORMER_LAB_API_KEY"

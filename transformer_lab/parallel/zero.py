@@ -26,8 +26,8 @@ import re
 import numpy as np
 
 from ..params import map_params, named_params
-from ..training.optim import AdamW, _check_number
-from ..validate import check_int
+from ..training.optim import AdamW
+from ..validate import check_int, check_number
 
 STAGES = (0, 1, 2, 3)
 
@@ -130,7 +130,7 @@ class ZeroAdamW:
 
     @lr.setter
     def lr(self, value):
-        self.inner.lr = _check_number("lr", value)
+        self.inner.lr = check_number(value, "lr", low=0)
 
     @property
     def step_count(self):
@@ -234,7 +234,8 @@ class ZeroAdamW:
                     getattr(self.inner, key)[f"{u.name}/{n}"][...] = view
         self.inner.step_count = check_int(state["step_count"], "step_count", low=0)
         for name in ("lr", "eps", "weight_decay"):
-            setattr(self.inner, name, _check_number(name, state.get(name, getattr(self.inner, name))))
+            value = state.get(name, getattr(self.inner, name))
+            setattr(self.inner, name, check_number(value, name, low=0))
 
 
 def _clip(arrays, norm, max_norm):

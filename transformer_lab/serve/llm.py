@@ -28,7 +28,8 @@ from ..pretrained.chat_template import apply_chat_template, stop_token_ids
 from ..validate import check_int
 from ..speculative import Sampler, accept
 from .block_manager import BlockManager
-from .model_runner import ModelRunner, PagedKVPool, check_kv_cache_dtype
+from .kv_pool import PagedKVPool, check_kv_cache_dtype
+from .model_runner import ModelRunner
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence

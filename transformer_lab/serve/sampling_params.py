@@ -8,12 +8,11 @@ top_p and min_p are vLLM's and HF's, applied after temperature and top-k in HF's
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..validate import is_int
+from ..validate import check_number, is_int
 
 _BOOL = (bool, np.bool_)
 
@@ -47,21 +46,17 @@ class SamplingParams:
     def problem(self, vocab=None) -> str | None:
         """What is wrong with these params, naming the field, or None. With vocab, top_k and
         stop_token_ids are checked against it too."""
-        t = self.temperature
-        if isinstance(t, _BOOL) or not isinstance(t, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(t) or t < 0:
-            return f"temperature must be a finite number >= 0, got {t!r}"
+        try:
+            check_number(self.temperature, "temperature", low=0)
+            check_number(self.top_p, "top_p", low=0, high=1, low_open=True)
+            check_number(self.min_p, "min_p", low=0, high=1)
+        except ValueError as exc:
+            return str(exc)
         k = self.top_k
         if k is not None and (not is_int(k) or (k < 1 and k not in (0, -1))):
             return f"top_k must be None, 0 or -1 (all tokens) or an int >= 1, got {k!r}"
         if vocab is not None and k is not None and k > vocab:
             return f"top_k={k} exceeds the vocabulary of {vocab}"
-        for name, value, low_open in (("top_p", self.top_p, True), ("min_p", self.min_p, False)):
-            if isinstance(value, _BOOL) or not isinstance(value, (int, float, np.integer,
-                                                                   np.floating)) \
-                    or not (0 < value <= 1 if low_open else 0 <= value <= 1):
-                where = "(0, 1]" if low_open else "[0, 1]"
-                return f"{name} must be a number in {where}, got {value!r}"
         if not is_int(self.max_tokens) or self.max_tokens <= 0:
             return f"max_tokens must be an int >= 1, got {self.max_tokens!r}"
         if self.seed is not None and (not is_int(self.seed) or self.seed < 0):

@@ -25,7 +25,7 @@ from ..ops import (IGNORE, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
 from ..positions import apply_rope_backward, rope_angles
 from ..precision import product
-from ..validate import check_int
+from ..validate import check_int, check_number
 
 # Rows of logits the loss computes at a time: [LOSS_ROWS, V] is the largest array the head
 # and its gradient need (48 MiB for SmolLM2's 49,152 ids in float32), never [B*T, V].
@@ -64,10 +64,7 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     if cache is not None:
         raise ValueError("loss_and_grads trains on whole sequences without a KV cache; "
                          "call it without cache=")
-    if isinstance(loss_scale, bool) or not isinstance(loss_scale, (int, float, np.floating)) \
-            or not np.isfinite(loss_scale) or loss_scale <= 0:
-        raise ValueError(f"loss_and_grads: loss_scale must be a finite number > 0, "
-                         f"got {loss_scale!r}")
+    check_number(loss_scale, "loss_and_grads: loss_scale", low=0, low_open=True)
     check_params(params, cfg)
     tokens = check_tokens(tokens, cfg)
     targets = _check_train_targets(targets, tokens, cfg)

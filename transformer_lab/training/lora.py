@@ -30,7 +30,7 @@ from ..config import Config
 from ..params import PackedGroup, check_params, named_params, pack_weights, param_shapes
 from ..precision import product
 from ..products import matmul_rows
-from ..validate import check_int
+from ..validate import check_int, check_number
 
 ATTN_TARGETS = ("wq", "wk", "wv", "wo")
 MLP_TARGETS = ("w_gate", "w_up", "w_down")
@@ -63,9 +63,7 @@ class LoRA:
         targets=LoRA.ALL_LINEAR takes every linear layer the config has."""
         check_params(params, cfg)
         rank = check_int(rank, "LoRA rank", low=1)
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(alpha) or alpha <= 0:
-            raise ValueError(f"LoRA alpha must be a positive number, got {alpha!r}")
+        check_number(alpha, "LoRA alpha", low=0, low_open=True, what="a positive number")
         targets = _check_targets(targets, cfg)
         rng = np.random.default_rng(seed)
         shapes = param_shapes(cfg)

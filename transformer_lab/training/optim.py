@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..params import named_params
-from ..validate import check_int
+from ..validate import check_int, check_number
 
 
 def _leaves(tree, what):
@@ -27,17 +27,6 @@ def _leaves(tree, what):
     return leaves
 
 
-def _check_number(name, value, lo=0.0, *, lo_open=False, hi=None, hi_open=True):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value < lo or (lo_open and value == lo):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
-    if hi is not None and (value > hi or (hi_open and value == hi)):
-        raise ValueError(f"{name} must be {'<' if hi_open else '<='} {hi}, got {value!r}")
-    return float(value)
-
-
 # ---------------------------------------------------------------- clipping
 
 def clip_grad_norm(grads, max_norm) -> float:
@@ -49,7 +38,7 @@ def clip_grad_norm(grads, max_norm) -> float:
     returned as it is and the grads are left alone (the caller should skip
     that step).
     """
-    max_norm = _check_number("max_norm", max_norm, lo_open=True)
+    max_norm = check_number(max_norm, "max_norm", low=0, low_open=True)
     leaves = _leaves(grads, "grads")
     if not leaves:
         raise ValueError("grads holds no arrays")
@@ -123,13 +112,7 @@ class AdamW:
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        self.lr = _check_number("lr", lr)
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        self.betas = (_check_number("betas[0]", betas[0], hi=1.0),
-                      _check_number("betas[1]", betas[1], hi=1.0))
-        self.eps = _check_number("eps", eps)
-        self.weight_decay = _check_number("weight_decay", weight_decay)
+        self._set_hyperparameters(lr, betas, eps, weight_decay)
         self.params = params
         self._params = _leaves(params, "params")
         if not self._params:
@@ -162,7 +145,7 @@ class AdamW:
 
     def step(self, grads):
         """One AdamW update of every param in place, from grads in the params' layout."""
-        lr = _check_number("lr", self.lr)
+        lr = check_number(self.lr, "lr", low=0)
         leaves = self._check_grads(grads)
         beta1, beta2 = self.betas
         self.step_count += 1
@@ -192,6 +175,15 @@ class AdamW:
 
     # -------- state, for checkpoints
 
+    def _set_hyperparameters(self, lr, betas, eps, weight_decay):
+        self.lr = check_number(lr, "lr", low=0)
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+        self.betas = tuple(check_number(b, f"betas[{i}]", low=0, high=1, high_open=True)
+                           for i, b in enumerate(betas))
+        self.eps = check_number(eps, "eps", low=0)
+        self.weight_decay = check_number(weight_decay, "weight_decay", low=0)
+
     def state_dict(self) -> dict:
         """Everything needed to resume: hyperparameters, the step count and both moments
         (as {name: array} dicts keyed like named_params)."""
@@ -215,12 +207,8 @@ class AdamW:
                 if getattr(a, "shape", None) != p.shape or getattr(a, "dtype", None) != p.dtype:
                     raise ValueError(f"optimizer state {label} {name} does not match params {name} "
                                      f"{p.shape} {p.dtype}")
-        self.lr = _check_number("lr", state.get("lr", self.lr))
-        betas = state.get("betas", self.betas)
-        self.betas = (_check_number("betas[0]", betas[0], hi=1.0),
-                      _check_number("betas[1]", betas[1], hi=1.0))
-        self.eps = _check_number("eps", state.get("eps", self.eps))
-        self.weight_decay = _check_number("weight_decay", state.get("weight_decay", self.weight_decay))
+        self._set_hyperparameters(*(state.get(name, getattr(self, name))
+                                    for name in ("lr", "betas", "eps", "weight_decay")))
         self.step_count = int(step_count)
         self.m = {name: np.array(m[name], copy=True) for name in self._params}
         self.v = {name: np.array(v[name], copy=True) for name in self._params}
@@ -240,8 +228,8 @@ def cosine_lr(step, *, max_lr, warmup, total, min_lr=0.0) -> float:
     total = check_int(total, "total", low=0)
     if total <= warmup:
         raise ValueError(f"total ({total}) must be larger than warmup ({warmup})")
-    max_lr = _check_number("max_lr", max_lr)
-    min_lr = _check_number("min_lr", min_lr)
+    max_lr = check_number(max_lr, "max_lr", low=0)
+    min_lr = check_number(min_lr, "min_lr", low=0)
     if min_lr > max_lr:
         raise ValueError(f"min_lr ({min_lr}) must not exceed max_lr ({max_lr})")
     if step < warmup:
