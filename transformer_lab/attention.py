@@ -32,57 +32,57 @@ def visible_keys(offset, T, S, *, causal=True, rows=None):
     return np.arange(S)[None, None, :] < limit  # [B, rows, S]
 
 
-def check_offset(offset):
+def check_offset(offset, who="attention_core"):
     """offset as an int, or as an int64 array [B] of per-row offsets: it counts cached
     tokens, so 0.7 or "3" is a mistake, not a value to round. Per-row offsets that all
-    agree become that int, which takes the faster shared path."""
+    agree become that int, which takes the faster shared path. Errors name `who`."""
     if isinstance(offset, np.ndarray) and offset.ndim == 1:
         if offset.size and not np.issubdtype(offset.dtype, np.integer):
-            raise ValueError(f"attention_core: per-row offsets must be integers, got dtype "
+            raise ValueError(f"{who}: per-row offsets must be integers, got dtype "
                              f"{offset.dtype}")
         if offset.size and (offset == offset[0]).all():
             return int(offset[0])
         return offset.astype(np.int64)
-    return check_int(offset, "attention_core: offset",  # a bool is not a count either
+    return check_int(offset, f"{who}: offset",  # a bool is not a count either
                      what="an integer (the number of tokens before the first query) or a 1-D "
                           "int array of one per row")
 
 
-def check_attention_shapes(q, k, v, offset, causal):
+def check_attention_shapes(q, k, v, offset, causal, who="attention_core"):
     """attention_core's checks of q [B,T,H,D], k and v [B,S,G,D] and a checked offset
-    (check_offset): a ValueError naming the mismatch. flash.py checks its inputs with it."""
+    (check_offset): a ValueError naming the mismatch, under `who` (flash.py's names too)."""
     if q.ndim != 4 or k.ndim != 4 or (v is not None and v.ndim != 4):
         raise ValueError(
-            f"attention_core expects q [B,T,H,D] and k, v [B,S,G,D]; got shapes "
+            f"{who} expects q [B,T,H,D] and k, v [B,S,G,D]; got shapes "
             f"q {q.shape}, k {k.shape}" + ("" if v is None else f", v {v.shape}"))
     B, T, H, D = q.shape
     Bk, S, G, Dk = k.shape
     if v is not None and k.shape[:3] != v.shape[:3]:
         # V's head size may differ from K's (MLA's v_head_dim); B, S and G may not.
-        raise ValueError(f"attention_core: k {k.shape} and v {v.shape} must have the same shape "
+        raise ValueError(f"{who}: k {k.shape} and v {v.shape} must have the same shape "
                          f"but for the last (V's head size)")
     if Bk != B:
-        raise ValueError(f"attention_core: batch mismatch, q has B={B}, k/v have B={Bk}")
+        raise ValueError(f"{who}: batch mismatch, q has B={B}, k/v have B={Bk}")
     if Dk != D:
-        raise ValueError(f"attention_core: head_dim mismatch, q has D={D}, k/v have D={Dk}")
+        raise ValueError(f"{who}: head_dim mismatch, q has D={D}, k/v have D={Dk}")
     if G == 0:
-        raise ValueError(f"attention_core: k/v have G=0 K/V heads, shape {k.shape}; "
+        raise ValueError(f"{who}: k/v have G=0 K/V heads, shape {k.shape}; "
                          f"need at least one")
     if H % G:
-        raise ValueError(f"attention_core: H={H} query heads is not a multiple of G={G} K/V heads")
+        raise ValueError(f"{who}: H={H} query heads is not a multiple of G={G} K/V heads")
     per_row = isinstance(offset, np.ndarray)
     if per_row and offset.shape != (B,):
-        raise ValueError(f"attention_core: per-row offsets must be [B] = [{B}], "
+        raise ValueError(f"{who}: per-row offsets must be [B] = [{B}], "
                          f"got shape {offset.shape}")
     low, high = (int(offset.min()), int(offset.max())) if per_row else (offset, offset)
     if low < 0:
-        raise ValueError(f"attention_core: offset must be >= 0, got {low}")
+        raise ValueError(f"{who}: offset must be >= 0, got {low}")
     if not causal and S == 0 and T > 0:
-        raise ValueError(f"attention_core: k/v have S=0 keys, shape {k.shape}; every query "
+        raise ValueError(f"{who}: k/v have S=0 keys, shape {k.shape}; every query "
                          f"needs at least one key to attend to")
     if (causal or per_row) and high + T > S:
         raise ValueError(
-            f"attention_core: offset + T = {high} + {T} exceeds S = {S} keys; "
+            f"{who}: offset + T = {high} + {T} exceeds S = {S} keys; "
             f"the last query would need keys that do not exist")
 
 

@@ -31,16 +31,6 @@ from .attention import check_attention_shapes, check_offset
 from .validate import check_int
 
 
-def _check_inputs(q, k, v, offset, causal, fn):
-    """attention_core's own checks of shapes and offsets, reported under fn's name."""
-    try:
-        offset = check_offset(offset)
-        check_attention_shapes(q, k, v, offset, causal)
-    except ValueError as e:
-        raise ValueError(str(e).replace("attention_core", fn, 1)) from None
-    return offset
-
-
 def _check_blocks(block_q, block_k, fn):
     what = "a positive int (the rows or keys of one tile)"
     return (check_int(block_q, f"{fn}: block_q", low=1, what=what),
@@ -107,7 +97,8 @@ def flash_attention(q, k, v, offset=0, *, causal=True, scale=None, block_q=64, b
     and exp(s - m_new) @ V. Causal tiles wholly above the diagonal are skipped.
     """
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    offset = _check_inputs(q, k, v, offset, causal, "flash_attention")
+    offset = check_offset(offset, "flash_attention")
+    check_attention_shapes(q, k, v, offset, causal, "flash_attention")
     block_q, block_k = _check_blocks(block_q, block_k, "flash_attention")
     B, T, H, D = q.shape
     S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -166,7 +157,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, offset=0, *, causal=True, 
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     dout, out, lse = np.asarray(dout), np.asarray(out), np.asarray(lse)
     fn = "flash_attention_backward"
-    offset = _check_inputs(q, k, v, offset, causal, fn)
+    offset = check_offset(offset, fn)
+    check_attention_shapes(q, k, v, offset, causal, fn)
     block_q, block_k = _check_blocks(block_q, block_k, fn)
     B, T, H, D = q.shape
     S, G, Dv = k.shape[1], k.shape[2], v.shape[3]
@@ -270,7 +262,7 @@ def flash_tiles(T, S, offset=0, *, causal=True, block_q=64, block_k=64):
     {"total", "visited", "masked", "skipped"} (visited includes masked)."""
     T = check_int(T, "flash_tiles: T", low=0)
     S = check_int(S, "flash_tiles: S", low=0)
-    offset = check_offset(offset)
+    offset = check_offset(offset, "flash_tiles")
     block_q, block_k = _check_blocks(block_q, block_k, "flash_tiles")
     _check_grid(T, S, offset, causal, "flash_tiles")
     visited = masked = 0

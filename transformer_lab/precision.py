@@ -18,8 +18,8 @@ S.1111.111 is NaN); PyTorch's cast saturates it: anything above 448, inf
 included, becomes ±448. NaN stays NaN (a quiet NaN of the input's sign; PyTorch's
 NaN payloads vary by path, so only NaN-ness is promised).
 
-Under computing_in(fmt), the layers' matrix products (model._matmul_rows and the
-backward's products, via `product`) read their inputs rounded to fmt and round
+Under computing_in(fmt), the layers' matrix products (products.matmul_rows and the
+backward's products, both through `product`) read their inputs rounded to fmt and round
 their outputs, accumulating in float32 in between, as tensor cores and BLAS do.
 That is how training/mixed.py runs a forward and backward "in BF16".
 """
@@ -156,25 +156,15 @@ def computing_in(fmt):
         _computing.reset(token)
 
 
-def computing_format():
-    """The format computing_in set, or None (float32 throughout)."""
-    return _computing.get()
-
-
-def rounded(x):
-    """x rounded to the computing_in format; x itself outside computing_in."""
-    fmt = _computing.get()
-    return x if fmt is None else round_to(x, fmt)
-
-
-def product(a, b):
-    """a @ b; under computing_in(fmt), of a and b rounded to fmt, with the float32 result
-    rounded to fmt too: low-precision inputs and output, float32 accumulation."""
+def product(a, b, matmul=np.matmul):
+    """matmul(a, b) (a @ b); under computing_in(fmt), of a and b rounded to fmt, with the
+    float32 result rounded to fmt too: low-precision inputs and output, float32
+    accumulation. The one product in a format: products.matmul_rows passes its own matmul."""
     fmt = _computing.get()
     if fmt is None:
-        return a @ b
+        return matmul(a, b)
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the format's to show
-        return round_to(round_to(a, fmt) @ round_to(b, fmt), fmt)
+        return round_to(matmul(round_to(a, fmt), round_to(b, fmt)), fmt)
 
 
 # ---------------------------------------------------------------- loss scaling

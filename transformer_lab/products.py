@@ -13,24 +13,17 @@ import contextvars
 
 import numpy as np
 
-from .precision import rounded
+from .precision import product
 
 # The form, by the number of rows M. OpenBLAS's GEMM packs the weight into its buffers
 # on every call, which costs more than the arithmetic when M is small, while a GEMV
-# streams the weight once per row without packing. Measured for issue 17 on SmolLM2's
-# 30 layers (float32, 2 threads, scipy-openblas 0.3.31), ms: M=1 15.4; stacked GEMM
-# M=2 36.5, M=4 37.5, M=8 28.8, M=16 39.8; one GEMV per row M=2 20.9, M=4 29.6. So
-# M = 2..4 takes a GEMV per row, M = 5..7 is zero-padded to one GEMM of 8 rows, and the
-# rest is one GEMM. `python -m benchmarks --only serving` re-measures every form side by
-# side (benchmarks/bench_serving.py, small_m_table; docs/performance.md has the table).
+# streams the weight once per row without packing. So M = 2..4 takes a GEMV per row,
+# M = 5..7 is zero-padded to one GEMM of 8 rows, and the rest is one GEMM (the dated
+# measurements: docs/performance.md, "How products.py chose its forms"; `python -m
+# benchmarks --only serving` re-measures every form side by side, small_m_table).
 # A row's GEMV result equals the M = 1 product's, so small decode batches give the
 # same bits as one sequence alone. (On this OpenBLAS a GEMM row also comes out the same
 # for any M >= 2, but no BLAS promises that: batch invariance uses fixed shapes below.)
-# Tried and not used: a stacked GEMM over tiles of 16-64 columns split between two
-# Python threads. Alone, the 30 layers' products took 28.6 / 34.0 / 42.9 ms at
-# M = 4 / 8 / 16 against 45.9 / 55.8 / 63.0; inside the engine's step no faster, because
-# OpenBLAS's own threads, woken by the multi-threaded products around them (the head,
-# prefill), spin on the second core.
 _invariant_rows = contextvars.ContextVar("invariant_rows", default=0)
 
 # The two storages of a weight w [in, out]: row-major [in, out] (init_params' arrays,
@@ -38,12 +31,8 @@ _invariant_rows = contextvars.ContextVar("invariant_rows", default=0)
 # GEMM reads as W^T x^T). Packed params (params.pack_weights, load_gguf) hold both: each
 # matrix has its longer side contiguous (params.packed_order, measured there).
 IN_OUT, OUT_IN = "in_out", "out_in"
-# M -> form, for each storage; M not listed takes one GEMM. For OUT_IN, measured on
-# SmolLM2's 30 layers' four products (the machine shared, load average 20, 1 BLAS thread,
-# median of 3, ms; docs/performance.md): M=1 GEMM (a GEMV) 532; M=2 GEMM 983, GEMV per
-# row 810; M=4 GEMM 1101, per row 1562, pad8 1501; M=8 GEMM 1156, pad8 1139; M=16 GEMM
-# 1776; M=32 GEMM 790 (the load drifted during the run). So M=2 takes a GEMV per row
-# (its rows keep the M=1 bits, as for IN_OUT) and the rest one GEMM.
+# M -> form, for each storage; M not listed takes one GEMM. For OUT_IN, M=2 takes a GEMV
+# per row (its rows keep the M=1 bits, as for IN_OUT) and the rest one GEMM.
 FORMS = {
     IN_OUT: {**{m: "gemv_rows" for m in range(2, 5)}, **{m: "pad8" for m in range(5, 8)}},
     OUT_IN: {2: "gemv_rows"},
@@ -52,10 +41,6 @@ _PAD_TO = 8
 # From this many rows, an OUT_IN GEMM reads the weight through its transpose (x @ W, BLAS's
 # trans flag) instead of computing (W^T x^T)^T and copying it to row-major: the copy of a
 # [M, out] result is strided, and for the head (out = 49,152) it cost more than the GEMM.
-# Measured on SmolLM2's shapes (30 layers' four products + the head, 1 BLAS thread, the
-# machine shared at load 6-7, median of 7, two rounds, ms, transposed-and-copied / direct):
-# M=32 438/451, 267/363; M=64 721/680, 534/514; M=128 1526/1359, 1308/1109; M=256 3089/2388,
-# 2297/1757; M=512 6138/4587, 6180/4318 (the head alone at M=512: 1668/893, 1726/910).
 _DIRECT_FROM = 128
 
 
@@ -73,13 +58,15 @@ def matmul_rows(x, w):
     (zero-padded), so each row's result is the same whatever rows share the product.
     Returns a row-major [..., out] in the dtype of x and w. Under
     precision.computing_in(fmt) the inputs and the output are rounded to fmt."""
-    x2, w = rounded(x.reshape(-1, x.shape[-1])), rounded(w)  # no-ops outside computing_in
+    y = product(x.reshape(-1, x.shape[-1]), w, _chosen_form)  # [M, out]
+    return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
+def _chosen_form(x2, w):
     kind, rows = storage(w), _invariant_rows.get()  # the storage read once per product
     if rows:
-        y = _fixed_block_product(x2, w, rows, kind)
-    else:
-        y = _product(FORMS[kind].get(x2.shape[0], "gemm"), x2, w, kind)
-    return rounded(y).reshape(*x.shape[:-1], w.shape[-1])
+        return _fixed_block_product(x2, w, rows, kind)
+    return _product(FORMS[kind].get(x2.shape[0], "gemm"), x2, w, kind)
 
 
 def product_form(form, x2, w):
