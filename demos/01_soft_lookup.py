@@ -78,6 +78,34 @@ def _tau_label(tau):
     return f"{tau:.0e}" if tau >= 1e3 else f"{tau:g}"
 
 
+def findings(result):
+    """The facts the observations state, computed from the results."""
+    hard, flat = result["sweep"][0], result["sweep"][-1]
+    first, last = result["constructions"][0], result["constructions"][-1]
+    return {"hard_tau": hard["tau"], "hard_weight": hard["weights"][result["target"]],
+            "hard_out": hard["output"], "target_value": result["values"][result["target"]],
+            "flat_tau": flat["tau"], "flat_wmax": max(flat["weights"]),
+            "flat_out": flat["output"], "mean": float(np.mean(result["values"])),
+            "grad": result["grad_norm_at_sqrt_d"], "lambdas": (first["lambda"], last["lambda"]),
+            "copy_err": (first["copy_error"], last["copy_error"]),
+            "avg_err": (first["avg_error"], last["avg_error"])}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    return [
+        t["obs_hard"].format(tau=_tau_label(f["hard_tau"]), w=f["hard_weight"], out=f["hard_out"],
+                             v=f["target_value"]),
+        t["obs_mean"].format(tau=_tau_label(f["flat_tau"]), wmax=f["flat_wmax"], out=f["flat_out"],
+                             mean=f["mean"]),
+        t["obs_grad"].format(g=f["grad"]),
+        t["obs_copy"].format(v=result["copy_target"], e0=fmt_float(f["copy_err"][0]),
+                             e1=fmt_float(f["copy_err"][1]), l0=f["lambdas"][0], l1=f["lambdas"][1]),
+        t["obs_avg"].format(v=result["avg_target"], e0=fmt_float(f["avg_err"][0]),
+                            e1=fmt_float(f["avg_err"][1])),
+    ]
+
+
 def render(result, lang="zh"):
     t = TEXT[lang]
     values = result["values"]
@@ -94,20 +122,7 @@ def render(result, lang="zh"):
                 [[c["lambda"], c["copy_output"], c["copy_error"], c["avg_output"], c["avg_error"]]
                  for c in result["constructions"]])
 
-    hard, flat = result["sweep"][0], result["sweep"][-1]
-    first, last = result["constructions"][0], result["constructions"][-1]
-    target = result["target"]
-    print_observations([
-        t["obs_hard"].format(tau=_tau_label(hard["tau"]), w=hard["weights"][target], out=hard["output"],
-                             v=values[target]),
-        t["obs_mean"].format(tau=_tau_label(flat["tau"]), wmax=max(flat["weights"]), out=flat["output"],
-                             mean=float(np.mean(values))),
-        t["obs_grad"].format(g=result["grad_norm_at_sqrt_d"]),
-        t["obs_copy"].format(v=result["copy_target"], e0=fmt_float(first["copy_error"]),
-                             e1=fmt_float(last["copy_error"]), l0=first["lambda"], l1=last["lambda"]),
-        t["obs_avg"].format(v=result["avg_target"], e0=fmt_float(first["avg_error"]),
-                            e1=fmt_float(last["avg_error"])),
-    ])
+    print_observations(observations(result, lang))
 
 
 # ---------------------------------------------------------------- the text, zh and en

@@ -89,6 +89,38 @@ def compute(quick=False):
     return {"trials": TRIALS, "keys": KEYS, "sweep": sweep, "fold": fold_check(rng), "fp16": fp16}
 
 
+def findings(result):
+    """The facts the observations state, computed from the results."""
+    sweep = result["sweep"]
+    first, last = sweep[0], sweep[-1]
+    scaled_w = [r["scaled"]["max_weight"] for r in sweep]
+    scaled_j = [r["scaled"]["jacobian"] for r in sweep]
+    return {"first": first, "last": last, "ratios": [r["score_std"] / r["sqrt_d"] for r in sweep],
+            "peak": max(sweep, key=lambda r: r["raw"]["jacobian"]),
+            "scaled_w": (min(scaled_w), max(scaled_w)), "scaled_j": (min(scaled_j), max(scaled_j)),
+            "jratio": last["scaled"]["jacobian"] / last["raw"]["jacobian"],
+            "fold_diff": result["fold"]["max_diff"], "fp16": result["fp16"]}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    first, last, peak, fold, fp16 = f["first"], f["last"], f["peak"], result["fold"], f["fp16"]
+    (wlo, whi), (jlo, jhi) = f["scaled_w"], f["scaled_j"]
+    return [
+        t["obs_std"].format(d0=first["d"], s0=first["score_std"], d1=last["d"], s1=last["score_std"],
+                            r1=last["sqrt_d"], lo=min(f["ratios"]), hi=max(f["ratios"])),
+        t["obs_raw"].format(w0=first["raw"]["max_weight"], w1=last["raw"]["max_weight"],
+                            jpeak=peak["raw"]["jacobian"], dpeak=peak["d"], j1=last["raw"]["jacobian"],
+                            frac=last["raw"]["tiny_jacobian_frac"], tiny=TINY_JACOBIAN),
+        t["obs_scaled"].format(wlo=wlo, whi=whi, wratio=whi / wlo, jlo=jlo, jhi=jhi, d1=last["d"],
+                               jratio=f["jratio"]),
+        t["obs_fold"].format(D=fold["head_dim"], inv=fold["inv_sqrt_d"], diff=fmt_float(f["fold_diff"])),
+        t["obs_fp16"].format(d1=last["d"], raw=last["max_abs_score"], sc=last["max_abs_score_scaled"],
+                             fmax=fp16["max"], head=fp16["headroom"], amp=fp16["overflow_factor"],
+                             head_sc=fp16["headroom_scaled"]),
+    ]
+
+
 def render(result, lang="zh"):
     t = TEXT[lang]
     sweep = result["sweep"]
@@ -109,26 +141,7 @@ def render(result, lang="zh"):
     print_text(t["fold_b"])
     print_text(t["fold_diff"].format(diff=fmt_float(fold["max_diff"])))
 
-    first, last = sweep[0], sweep[-1]
-    ratios = [r["score_std"] / r["sqrt_d"] for r in sweep]
-    peak = max(sweep, key=lambda r: r["raw"]["jacobian"])
-    scaled_w = [r["scaled"]["max_weight"] for r in sweep]
-    scaled_j = [r["scaled"]["jacobian"] for r in sweep]
-    fp16 = result["fp16"]
-    print_observations([
-        t["obs_std"].format(d0=first["d"], s0=first["score_std"], d1=last["d"], s1=last["score_std"],
-                            r1=last["sqrt_d"], lo=min(ratios), hi=max(ratios)),
-        t["obs_raw"].format(w0=first["raw"]["max_weight"], w1=last["raw"]["max_weight"],
-                            jpeak=peak["raw"]["jacobian"], dpeak=peak["d"], j1=last["raw"]["jacobian"],
-                            frac=last["raw"]["tiny_jacobian_frac"], tiny=TINY_JACOBIAN),
-        t["obs_scaled"].format(wlo=min(scaled_w), whi=max(scaled_w), wratio=max(scaled_w) / min(scaled_w),
-                               jlo=min(scaled_j), jhi=max(scaled_j), d1=last["d"],
-                               jratio=last["scaled"]["jacobian"] / last["raw"]["jacobian"]),
-        t["obs_fold"].format(D=fold["head_dim"], inv=fold["inv_sqrt_d"], diff=fmt_float(fold["max_diff"])),
-        t["obs_fp16"].format(d1=last["d"], raw=last["max_abs_score"], sc=last["max_abs_score_scaled"],
-                             fmax=fp16["max"], head=fp16["headroom"], amp=fp16["overflow_factor"],
-                             head_sc=fp16["headroom_scaled"]),
-    ])
+    print_observations(observations(result, lang))
 
 
 FIG_TEXT = {

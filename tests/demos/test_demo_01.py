@@ -57,7 +57,11 @@ def test_copy_and_average_errors_shrink_with_lambda(result):
     assert result["copy_target"] == 50 and result["avg_target"] == 15
 
 
-def test_observations_quote_the_computed_numbers(result):
-    text = rendered_text(D01, result, "en")
-    assert f"{result['sweep'][0]['output']:.3f}" in text
-    assert f"{result['grad_norm_at_sqrt_d']:.3f}" in text
+def test_findings_are_the_computed_numbers(result):
+    f = D01.findings(result)
+    assert f["hard_weight"] > 0.999 and abs(f["hard_out"] - f["target_value"]) < 0.01
+    assert f["flat_wmax"] - 1 / len(result["values"]) < 1e-4 and abs(f["flat_out"] - f["mean"]) < 1e-3
+    assert f["grad"] == result["grad_norm_at_sqrt_d"] > 0.01
+    assert f["copy_err"][1] < f["copy_err"][0] and f["avg_err"][1] < f["avg_err"][0]
+    text = " ".join(rendered_text(D01, result, "en").split())
+    assert all(" ".join(o.split())[:30] in text for o in D01.observations(result, "en"))

@@ -79,9 +79,14 @@ def test_compute_is_deterministic(result):
     assert again["sweep"] == result["sweep"]
 
 
-def test_observations_quote_the_computed_numbers(result):
-    text = rendered_text(D02, result, "en")
-    last = result["sweep"][-1]
-    assert f"{last['raw']['max_weight']:.3f}" in text
-    assert f"{last['raw']['jacobian']:.3f}" in text
-    assert f"{last['max_abs_score']:.1f}" in text
+def test_findings_are_the_computed_numbers(result):
+    f = D02.findings(result)
+    sweep = result["sweep"]
+    assert f["last"] is sweep[-1] and f["last"]["d"] == max(r["d"] for r in sweep)
+    assert f["ratios"] == [r["score_std"] / r["sqrt_d"] for r in sweep]
+    assert f["peak"]["raw"]["jacobian"] == max(r["raw"]["jacobian"] for r in sweep)
+    assert f["scaled_w"][1] / f["scaled_w"][0] < f["last"]["raw"]["max_weight"] / \
+        f["first"]["raw"]["max_weight"] or f["last"]["raw"]["max_weight"] > 0.9
+    assert f["jratio"] > 1  # at the largest d the scaled Jacobian is the larger
+    text = " ".join(rendered_text(D02, result, "en").split())
+    assert all(" ".join(o.split())[:30] in text for o in D02.observations(result, "en"))
