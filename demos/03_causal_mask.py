@@ -91,6 +91,34 @@ def _sig(x):
     return f"{x:.2g}" if x else "0"
 
 
+def findings(result):
+    """The facts the observations state, computed from the results."""
+    mask, cache = result["mask"], result["cache"]
+    after = mask["causal"][CHANGED:]
+    return {"before_max": max(mask["causal"][:CHANGED]), "after": (min(after), max(after)),
+            "full_changed": sum(1 for x in mask["full"] if x > 0), "full_first": mask["full"][0],
+            "decode_steps": len(cache["steps"]) - 1, "cache_diff": cache["max_diff"],
+            "rerun_diff": cache["max_diff_rerun"], "totals": cache["totals"],
+            "row_sum_dev": result["row_sum_dev"], "uniform_dev": result["uniform_dev"]}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    tot = f["totals"]
+    return [
+        t["obs_mask"].format(t=CHANGED, tm1=CHANGED - 1, last=T - 1,
+                             zero=fmt_float(f["before_max"]),
+                             lo=_sig(f["after"][0]), hi=_sig(f["after"][1])),
+        t["obs_nomask"].format(n=f["full_changed"], d0=_sig(f["full_first"])),
+        t["obs_cache"].format(p=PREFILL, steps=f["decode_steps"], diff=fmt_float(f["cache_diff"]),
+                              diff_n=fmt_float(f["rerun_diff"])),
+        t["obs_work"].format(n=T, rows_c=tot["rows_cache"], rows_n=tot["rows_no_cache"],
+                             sc_c=tot["scores_cache"], sc_n=tot["scores_no_cache"]),
+        t["obs_heat"].format(rowsum=fmt_float(f["row_sum_dev"]),
+                             unif=fmt_float(f["uniform_dev"])),
+    ]
+
+
 def render(result, lang="zh"):
     t = TEXT[lang]
     cfg = TINY
@@ -125,20 +153,7 @@ def render(result, lang="zh"):
     labels = [f"t{i}" for i in range(T)]
     heatmap(result["weights"], labels, labels, scale=(0, 1))
 
-    after = mask["causal"][CHANGED:]
-    decode_steps = len(cache["steps"]) - 1
-    print_observations([
-        t["obs_mask"].format(t=CHANGED, tm1=CHANGED - 1, last=T - 1,
-                             zero=fmt_float(max(mask["causal"][:CHANGED])),
-                             lo=_sig(min(after)), hi=_sig(max(after))),
-        t["obs_nomask"].format(n=sum(1 for x in mask["full"] if x > 0), d0=_sig(mask["full"][0])),
-        t["obs_cache"].format(p=PREFILL, steps=decode_steps, diff=fmt_float(cache["max_diff"]),
-                              diff_n=fmt_float(cache["max_diff_rerun"])),
-        t["obs_work"].format(n=T, rows_c=tot["rows_cache"], rows_n=tot["rows_no_cache"],
-                             sc_c=tot["scores_cache"], sc_n=tot["scores_no_cache"]),
-        t["obs_heat"].format(rowsum=fmt_float(result["row_sum_dev"]),
-                             unif=fmt_float(result["uniform_dev"])),
-    ])
+    print_observations(observations(result, lang))
 
 
 FIG_TEXT = {
