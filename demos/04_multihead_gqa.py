@@ -109,6 +109,43 @@ def _shape(s):
     return f"[{m}×{k}]·[{k2}×{n}]"
 
 
+def findings(result):
+    """The facts the observations state: the rows they compare, by name, and the checks."""
+    rows = {r["key"]: r for r in result["rows"]}
+    return {"mha": rows[MHA], "gqa": rows[GQA], "mqa": rows[MQA], "many": rows["64 heads"],
+            "mha_rows": [r for r in result["rows"] if r["G"] == r["H"]],  # plain splits of d
+            "kv_bytes_ratio": (rows[MHA]["kv_bytes"] // rows[GQA]["kv_bytes"],
+                               rows[MHA]["kv_bytes"] // rows[MQA]["kv_bytes"]),
+            "checks": result["checks"]}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    mha, gqa, mqa, many, c = f["mha"], f["gqa"], f["mqa"], f["many"], f["checks"]
+    return [
+        t["obs_heads"].format(d=result["d"], heads=t["or"].join(str(r["H"]) for r in f["mha_rows"]),
+                              proj=fmt_num(mha["proj_flops"]),
+                              core=fmt_num(mha["core_flops"])),
+        t["obs_gqa"].format(kv_mha=fmt_num(mha["kv_proj_flops"]), kv_gqa=fmt_num(gqa["kv_proj_flops"]),
+                            kv_mqa=fmt_num(mqa["kv_proj_flops"]), b_mha=mha["kv_bytes"],
+                            b_gqa=gqa["kv_bytes"], b_mqa=mqa["kv_bytes"],
+                            r_gqa=f["kv_bytes_ratio"][0], r_mqa=f["kv_bytes_ratio"][1],
+                            core=fmt_num(gqa["core_flops"])),
+        t["obs_decode"].format(T=result["T"], flops=fmt_num(mha["decode_flops"]),
+                               bytes=fmt_num(mha["decode_bytes"]), i_mha=_number(mha["decode_intensity"]),
+                               r_gqa=mha["decode_bytes"] // gqa["decode_bytes"],
+                               r_mqa=mha["decode_bytes"] // mqa["decode_bytes"],
+                               i_gqa=_number(gqa["decode_intensity"]),
+                               i_mqa=_number(mqa["decode_intensity"])),
+        t["obs_thin"].format(H=many["H"], D=many["D"], shape=_shape(many["qk_shape"]),
+                             per=many["flops_per_score"],
+                             n=many["qk_count"], sc=fmt_num(many["score_entries"]).strip(),
+                             sc8=fmt_num(mha["score_entries"]).strip(), H8=mha["H"]),
+        t["obs_check"].format(d_head=fmt_float(c["per_head_diff"]), d_gqa=fmt_float(c["gqa_diff"]),
+                              R=c["R"]),
+    ]
+
+
 def render(result, lang="zh"):
     t = TEXT[lang]
     rows = {r["key"]: r for r in result["rows"]}
@@ -127,39 +164,17 @@ def render(result, lang="zh"):
                 [[name[r["key"]], r["D"], _shape(r["qk_shape"]), r["qk_count"],
                   fmt_num(r["score_entries"]), r["flops_per_score"]] for r in result["rows"]])
 
-    mha, gqa, mqa, many = rows[MHA], rows[GQA], rows[MQA], rows["64 heads"]
-    mha_rows = [r for r in result["rows"] if r["G"] == r["H"]]  # plain multi-head splits of d
     print_section(t["decode"].format(T=result["T"]))
     print_table(["", t["flops"], t["bytes"], t["intensity"]],
                 [[name[r["key"]], fmt_num(r["decode_flops"]), fmt_num(r["decode_bytes"]) + "B",
-                  _number(r["decode_intensity"])] for r in (mha, gqa, mqa)])
+                  _number(r["decode_intensity"])] for r in (rows[MHA], rows[GQA], rows[MQA])])
 
     c = result["checks"]
     print_section(t["check"].format(T=c["T"], H=c["H"], D=c["D"]))
     print_text(t["check_head"].format(diff=fmt_float(c["per_head_diff"])))
     print_text(t["check_gqa"].format(G=c["G"], R=c["R"], diff=fmt_float(c["gqa_diff"])))
 
-    print_observations([
-        t["obs_heads"].format(d=result["d"], heads=t["or"].join(str(r["H"]) for r in mha_rows),
-                              proj=fmt_num(mha["proj_flops"]),
-                              core=fmt_num(mha["core_flops"])),
-        t["obs_gqa"].format(kv_mha=fmt_num(mha["kv_proj_flops"]), kv_gqa=fmt_num(gqa["kv_proj_flops"]),
-                            kv_mqa=fmt_num(mqa["kv_proj_flops"]), b_mha=mha["kv_bytes"],
-                            b_gqa=gqa["kv_bytes"], b_mqa=mqa["kv_bytes"],
-                            r_gqa=mha["kv_bytes"] // gqa["kv_bytes"],
-                            r_mqa=mha["kv_bytes"] // mqa["kv_bytes"], core=fmt_num(gqa["core_flops"])),
-        t["obs_decode"].format(T=result["T"], flops=fmt_num(mha["decode_flops"]),
-                               bytes=fmt_num(mha["decode_bytes"]), i_mha=_number(mha["decode_intensity"]),
-                               r_gqa=mha["decode_bytes"] // gqa["decode_bytes"],
-                               r_mqa=mha["decode_bytes"] // mqa["decode_bytes"],
-                               i_gqa=_number(gqa["decode_intensity"]),
-                               i_mqa=_number(mqa["decode_intensity"])),
-        t["obs_thin"].format(H=many["H"], D=many["D"], shape=_shape(many["qk_shape"]), per=many["flops_per_score"],
-                             n=many["qk_count"], sc=fmt_num(many["score_entries"]).strip(),
-                             sc8=fmt_num(mha["score_entries"]).strip(), H8=mha["H"]),
-        t["obs_check"].format(d_head=fmt_float(c["per_head_diff"]), d_gqa=fmt_float(c["gqa_diff"]),
-                              R=c["R"]),
-    ])
+    print_observations(observations(result, lang))
 
 
 # ---------------------------------------------------------------- the text, zh and en
