@@ -128,6 +128,40 @@ def compute(quick=False):
             "variance_ratio": c2["single"]["output_var"] / c2["two"]["output_var"]}
 
 
+def findings(result):
+    """The facts the observations state: both cases, and the two-head tail's bound."""
+    c2 = result["cases"]["case2"]
+    return {"case1": result["cases"]["case1"], "case2": c2,
+            "gmax": math.ceil(100 * c2["two_far_gamma_max"]) / 100,  # rounded up: γ ≤ gmax holds
+            "variance_ratio": result["variance_ratio"]}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    c1, c2, gmax = f["case1"], f["case2"], f["gmax"]
+    return [
+        t["obs_case1"].format(d1=fmt_float(c1["single"]["dist_mean"]),
+                              d2=fmt_float(c1["two"]["dist_mean"]), lam=result["lambda"],
+                              gap=f"{c1['score_gap_std']:.2f}",
+                              w=f"{c1['single']['w_a_mean']:.3f}",
+                              s=f"{c1['single']['w_a_std']:.3f}"),
+        t["obs_case2"].format(gstd=f"{c2['gamma_std']:.3f}", lv=result["length_var"],
+                              gth=f"{np.sqrt(result['length_var']):.3f}",
+                              gap=f"{c2['score_gap_std']:.2f}",
+                              w=f"{c2['single']['w_a_mean']:.3f}",
+                              s=f"{c2['single']['w_a_std']:.3f}",
+                              far=fmt_pct(c2["single"]["far_share"]), thr=result["far"],
+                              mean_dist=f"{c2['single']['mean_output_dist']:.3f}"),
+        t["obs_two"].format(s=f"{c2['two']['w_a_std']:.3f}",
+                            v2=f"{c2['two']['output_var']:.4f}",
+                            v1=f"{c2['single']['output_var']:.4f}",
+                            ratio=f"{result['variance_ratio']:.0f}"),
+        t["obs_tail"].format(far=fmt_pct(c2["two"]["far_share"]), thr=result["far"],
+                             gmax=f"{gmax:.2f}", score=f"{result['lambda'] * gmax:.1f}",
+                             rivals=result["n"] - 1),
+    ]
+
+
 def render(result, lang="zh"):
     t = TEXT[lang]
     a, b = result["a"] + 1, result["b"] + 1
@@ -160,29 +194,7 @@ def render(result, lang="zh"):
                 [[i + 1, s["gamma"], s["single_w_a"], s["head1_w_a"], s["two_w_a"]]
                  for i, s in enumerate(result["shown"])])
 
-    c1, c2 = result["cases"]["case1"], result["cases"]["case2"]
-    gmax = math.ceil(100 * c2["two_far_gamma_max"]) / 100  # rounded up: "γ ≤ gmax" stays true
-    print_observations([
-        t["obs_case1"].format(d1=fmt_float(c1["single"]["dist_mean"]),
-                              d2=fmt_float(c1["two"]["dist_mean"]), lam=result["lambda"],
-                              gap=f"{c1['score_gap_std']:.2f}",
-                              w=f"{c1['single']['w_a_mean']:.3f}",
-                              s=f"{c1['single']['w_a_std']:.3f}"),
-        t["obs_case2"].format(gstd=f"{c2['gamma_std']:.3f}", lv=result["length_var"],
-                              gth=f"{np.sqrt(result['length_var']):.3f}",
-                              gap=f"{c2['score_gap_std']:.2f}",
-                              w=f"{c2['single']['w_a_mean']:.3f}",
-                              s=f"{c2['single']['w_a_std']:.3f}",
-                              far=fmt_pct(c2["single"]["far_share"]), thr=result["far"],
-                              mean_dist=f"{c2['single']['mean_output_dist']:.3f}"),
-        t["obs_two"].format(s=f"{c2['two']['w_a_std']:.3f}",
-                            v2=f"{c2['two']['output_var']:.4f}",
-                            v1=f"{c2['single']['output_var']:.4f}",
-                            ratio=f"{result['variance_ratio']:.0f}"),
-        t["obs_tail"].format(far=fmt_pct(c2["two"]["far_share"]), thr=result["far"],
-                             gmax=f"{gmax:.2f}", score=f"{result['lambda'] * gmax:.1f}",
-                             rivals=result["n"] - 1),
-    ])
+    print_observations(observations(result, lang))
 
 
 # ---------------------------------------------------------------- the text, zh and en
