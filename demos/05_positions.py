@@ -232,12 +232,24 @@ def compute(quick=False):
     }
 
 
+def findings(result):
+    """The facts the observations state, computed from the results."""
+    rope, w = result["rope"], np.asarray(result["head_weights"])
+    first, last, same = rope[0], rope[-1], rope[:-1]
+    return {"perm": result["perm_diffs"], "perm_exact": result["perm_diffs"]["no_pos_no_mask"] == 0,
+            "shift_err": max(result["shift_errors"]), "rope_first": first, "rope_last": last,
+            "rope_maxdiff": max(abs(r["score"] - first["score"]) for r in same),
+            "rope_far": max(r["m"] for r in same),
+            "head_prev": [float(w[s, s - 1]) for s in HEAD_SHOW], "head_t": w.shape[0],
+            "head_gap": result["head_gap"]}
+
+
 def observations(result, lang):
-    """The observation sentences, worded from the computed results."""
-    t = TEXT[lang]
-    diffs = result["perm_diffs"]
+    """The observation sentences, worded from the findings."""
+    t, f = TEXT[lang], findings(result)
+    diffs = f["perm"]
     x = diffs["no_pos_no_mask"]
-    if x == 0:
+    if f["perm_exact"]:
         perm_obs = t["obs_perm_exact"].format(x=fmt_float(x))
     else:
         perm_obs = t["obs_perm_round"].format(x=fmt_float(x), tol=result["rounding"])
@@ -248,7 +260,7 @@ def observations(result, lang):
                              dev=f"{result['layer1_uniform_dev']:.4f}"),
         t["obs_shift"].format(pmax=result["shift_positions"] - 1,
                               ks=", ".join(str(k) for k in result["shifts"]),
-                              err=fmt_float(max(result["shift_errors"]))),
+                              err=fmt_float(f["shift_err"])),
         t["obs_distinct"].format(n=f"{result['n_distinct']:,}",
                                  dmin=f"{result['min_distance']:.4f}",
                                  k=result["min_distance_offset"],
@@ -258,19 +270,14 @@ def observations(result, lang):
         items.append(t["obs_distinct_gram"].format(
             npairs=f"{result['gram']['pairs']:,}",
             dmin_gram=f"{result['gram']['min_distance']:.4f}"))
-    rope = result["rope"]
-    first, last = rope[0], rope[-1]
-    same = rope[:-1]
+    first, last = f["rope_first"], f["rope_last"]
     items.append(t["obs_rope_rel"].format(
-        rel=first["m"] - first["n"],
-        maxdiff=fmt_float(max(abs(r["score"] - first["score"]) for r in same)),
-        far=max(r["m"] for r in same), rel_last=last["m"] - last["n"],
-        mn_last=f"({last['m']}, {last['n']})",
+        rel=first["m"] - first["n"], maxdiff=fmt_float(f["rope_maxdiff"]), far=f["rope_far"],
+        rel_last=last["m"] - last["n"], mn_last=f"({last['m']}, {last['n']})",
         s_last=last["score"], s_first=first["score"]))
-    w = np.asarray(result["head_weights"])
     items.append(t["obs_head"].format(shown=t["sep"].join(str(s) for s in HEAD_SHOW),
-                                      ws=t["sep"].join(f"{w[s, s - 1]:.3f}" for s in HEAD_SHOW)))
-    items.append(t["obs_head_why"].format(t=w.shape[0], gap=result["head_gap"]))
+                                      ws=t["sep"].join(f"{v:.3f}" for v in f["head_prev"])))
+    items.append(t["obs_head_why"].format(t=f["head_t"], gap=f["head_gap"]))
     return items
 
 

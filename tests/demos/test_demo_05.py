@@ -166,16 +166,12 @@ def test_the_head_uses_identical_tokens():
 # ---------------------------------------------------------------- the sentences
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_observations_quote_the_computed_numbers(result, lang):
-    text = " ".join(" ".join(D05.observations(result, lang)).split())
-    from console import fmt_float
-    for value in result["perm_diffs"].values():
-        assert fmt_float(value) in text
-    assert fmt_float(max(result["shift_errors"])) in text
-    assert f"{result['min_distance']:.4f}" in text
-    assert f"{result['layer1_uniform_dev']:.4f}" in text
-    assert f"{result['rope'][3]['score']:.4f}" in text
+def test_findings_are_the_computed_numbers(result, lang):
+    f = D05.findings(result)
+    assert f["perm"] is result["perm_diffs"] and f["shift_err"] == max(result["shift_errors"])
+    assert f["rope_maxdiff"] < 1e-9  # the same relative offset gives the same score
+    assert f["rope_last"]["score"] != pytest.approx(f["rope_first"]["score"])
     w = np.asarray(result["head_weights"])
-    for t in D05.HEAD_SHOW:
-        assert f"{w[t, t - 1]:.3f}" in text
-    assert f"{result['head_gap']:.2f}" in text
+    assert f["head_prev"] == [float(w[t, t - 1]) for t in D05.HEAD_SHOW]
+    assert min(f["head_prev"]) > 0.5 and f["head_gap"] == result["head_gap"]
+    assert len(D05.observations(result, lang)) == 8 + (result["gram"] is not None)
