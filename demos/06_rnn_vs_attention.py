@@ -197,54 +197,57 @@ def busy_sentence(result, lang):
     return " ".join(sentences) or None
 
 
-def observations(result, lang):
-    """The observation sentences, worded from the measured results."""
-    t = TEXT[lang]
-    d = result["d"]
-    busy = busy_sentence(result, lang)
-    items = [busy] if busy else []
+def findings(result):
+    """The facts and verdicts the observations state, from the measured results: the row
+    they quote (never an ordering read from an unsteady row) and how it compares."""
+    m = quoted_timing(result)
     lo, hi = result["flops"][0], result["flops"][-1]
-    items.append(t["obs_flops"].format(d=d, n_lo=lo["n"], n_hi=hi["n"],
-                                       r_lo=f"{lo['attention_core'] / lo['rnn']:g}",
-                                       r_hi=f"{hi['attention_core'] / hi['rnn']:g}"))
-
-    m = quoted_timing(result)  # never an ordering read from an unsteady row
-    common = dict(n=m["n"], t_loop=fmt_time(m["loop_s"]), t_step=fmt_time(m["step_s"]),
-                  t_mm=fmt_time(m["matmul_s"]), g_loop=_gflops(m["rnn_flops"], m["loop_s"]),
-                  g_mm=_gflops(m["matmul_flops"], m["matmul_s"]))
     slow = m["loop_s"] / m["matmul_s"]
-    if not m["steady"]:
-        items.append(t["obs_loop_unknown"].format(**common))
-    elif slow >= SIMILAR:
-        items.append(t["obs_loop_slower"].format(x=slow, **common))
-    elif slow <= 1 / SIMILAR:
-        items.append(t["obs_loop_faster"].format(x=1 / slow, **common))
-    else:
-        items.append(t["obs_loop_same"].format(x=slow, **common))
-
     k = m["attention_flops"] / m["rnn_flops"]
     time_ratio = m["attention_s"] / m["loop_s"]
     per_flop = k / time_ratio  # how much faster attention ran per FLOP than the loop
     if not m["steady"]:
-        tail = t["attn_unknown"]
-    elif time_ratio <= 1 / SIMILAR:
-        tail = t["attn_faster"].format(x=1 / time_ratio)
-    elif time_ratio < SIMILAR:
-        tail = (t["attn_same_per_flop"].format(g=per_flop) if per_flop >= SIMILAR
-                else t["attn_same"])
-    elif per_flop >= SIMILAR:
-        tail = t["attn_cheaper"].format(x=time_ratio, g=per_flop)
+        loop = attn = "unknown"
     else:
-        tail = t["attn_slower"].format(x=time_ratio)
-    items.append(t["obs_attn"].format(n=m["n"], k=k, t_att=fmt_time(m["attention_s"]),
-                                      t_loop=fmt_time(m["loop_s"])) + tail)
+        loop = "slower" if slow >= SIMILAR else "faster" if slow <= 1 / SIMILAR else "same"
+        attn = ("faster" if time_ratio <= 1 / SIMILAR else
+                ("same_per_flop" if per_flop >= SIMILAR else "same") if time_ratio < SIMILAR else
+                "cheaper" if per_flop >= SIMILAR else "slower")
+    return {"row": m,
+            "flops_ratio": (lo["attention_core"] / lo["rnn"], hi["attention_core"] / hi["rnn"]),
+            "loop_vs_matmul": slow, "loop": loop, "attention_flops_x": k,
+            "attention_time_x": time_ratio, "per_flop": per_flop, "attn": attn,
+            "n_max": result["timings"][-1]["n"]}
 
-    n_max = result["timings"][-1]["n"]  # the intensity below is the largest n's
-    items.append(t["obs_training"].format(n=n_max))
+
+def observations(result, lang):
+    """The observation sentences, worded from the findings."""
+    t, f = TEXT[lang], findings(result)
+    busy = busy_sentence(result, lang)
+    items = [busy] if busy else []
+    lo, hi = result["flops"][0], result["flops"][-1]
+    items.append(t["obs_flops"].format(d=result["d"], n_lo=lo["n"], n_hi=hi["n"],
+                                       r_lo=f"{f['flops_ratio'][0]:g}",
+                                       r_hi=f"{f['flops_ratio'][1]:g}"))
+    m, slow = f["row"], f["loop_vs_matmul"]
+    common = dict(n=m["n"], t_loop=fmt_time(m["loop_s"]), t_step=fmt_time(m["step_s"]),
+                  t_mm=fmt_time(m["matmul_s"]), g_loop=_gflops(m["rnn_flops"], m["loop_s"]),
+                  g_mm=_gflops(m["matmul_flops"], m["matmul_s"]))
+    items.append(t["obs_loop_" + f["loop"]].format(x=1 / slow if f["loop"] == "faster" else slow,
+                                                   **common))
+    tail = {"unknown": t["attn_unknown"], "same": t["attn_same"],
+            "faster": t["attn_faster"].format(x=1 / f["attention_time_x"]),
+            "same_per_flop": t["attn_same_per_flop"].format(g=f["per_flop"]),
+            "cheaper": t["attn_cheaper"].format(x=f["attention_time_x"], g=f["per_flop"]),
+            "slower": t["attn_slower"].format(x=f["attention_time_x"])}[f["attn"]]
+    items.append(t["obs_attn"].format(n=m["n"], k=f["attention_flops_x"],
+                                      t_att=fmt_time(m["attention_s"]),
+                                      t_loop=fmt_time(m["loop_s"])) + tail)
+    items.append(t["obs_training"].format(n=f["n_max"]))  # the intensity below is the largest n's
     dec = result["decode"]
     items.append(t["obs_decode"].format(b=dec["itemsize"], kib=f"{dec['weight_bytes'] / 1024:g}",
                                         f=fmt_num(dec["flops"]).strip(), i=dec["flops_per_byte"],
-                                        i_mm=result["matmul_intensity"], n=n_max))
+                                        i_mm=result["matmul_intensity"], n=f["n_max"]))
     return items
 
 
