@@ -171,6 +171,45 @@ def _diff(x):
     return "0" if x == 0 else f"{x:.1e}"
 
 
+def findings(result):
+    """The facts the observations state: the worked example's numbers they quote."""
+    return {"shapes": {s["step"]: _shape(s["shape"]) for s in result["shapes"]},
+            "weights": result["heads"]["weights"], "scores": result["heads"]["scores"],
+            "argmax": (int(result["argmax"][0]), int(result["argmax"][1])),
+            "trace_diff": result["trace_max_diff"], "layer_norm": result["layer_norm"],
+            "updates": (result["attn_update_norm"], result["ffn_update_norm"])}
+
+
+def observations(result, lang):
+    t, f, words = TEXT[lang], findings(result), _words(lang)
+    shapes, heads, ln, w = f["shapes"], result["heads"], f["layer_norm"], f["weights"]
+    a_ids, b_ids, (ia, ib) = result["prompts"]["A"], result["prompts"]["B"], f["argmax"]
+    x_text = "[" + ", ".join(f"{x:g}" for x in ln["x"]) + "]"
+    V = result["vocab_size"]
+    return [
+        t["obs_shapes"].format(btd=shapes["s_embed"], V=V, flat=shapes["s_flat"],
+                               n=result["n_targets"],
+                               loss=f"{result['loss']:.4f}", last=shapes["s_last"],
+                               column=shapes["s_column"], appended=shapes["s_append"]),
+        t["obs_trace"].format(diff=_diff(f["trace_diff"])),
+        t["obs_sizes"].format(attn=f"{f['updates'][0]:.4f}", ffn=f"{f['updates'][1]:.4f}",
+                              f=f"{result['w_down_gain']:g}"),
+        t["obs_heads"].format(w0=words[a_ids[0]], w1=words[a_ids[1]],
+                              s0=f"{heads['scores'][0][0][0]:.4f}",
+                              s1=f"{heads['scores'][0][0][1]:.4f}",
+                              a0=f"{w[0][0][0]:.4f}", a1=f"{w[0][0][1]:.4f}",
+                              b0=f"{w[0][1][0]:.4f}", b1=f"{w[0][1][1]:.4f}"),
+        t["obs_next"].format(wa=words[ia], la=f"{result['logits'][0][ia]:.4f}",
+                             pa=f"{result['probs'][0][ia]:.4f}", wb=words[ib],
+                             pb=f"{result['probs'][1][ib]:.4f}",
+                             ha=f"{w[0][0][0]:.4f}", hb=f"{w[0][1][0]:.4f}",
+                             f0=words[a_ids[0]], f1=words[b_ids[0]]),
+        t["obs_ln"].format(x=x_text, mean=f"{ln['mean']:g}", var=f"{ln['variance']:g}",
+                           std=f"{ln['std']:.6f}", std0=f"{ln['std_without_eps']:.6f}",
+                           out=_vec(ln["normalised"], 3), diff=_diff(ln["max_diff"])),
+    ]
+
+
 def render(result, lang="zh"):
     t = TEXT[lang]
     words = _words(lang)
@@ -246,32 +285,7 @@ def render(result, lang="zh"):
         [t["ln_ref"], "transformer_lab", _vec(ln["layer_norm"])],
     ])
 
-    w = heads["weights"]
-    ia, ib = int(result["argmax"][0]), int(result["argmax"][1])
-    b_ids = result["prompts"]["B"]
-    print_observations([
-        t["obs_shapes"].format(btd=shapes["s_embed"], V=V, flat=shapes["s_flat"],
-                               n=result["n_targets"],
-                               loss=f"{result['loss']:.4f}", last=shapes["s_last"],
-                               column=shapes["s_column"], appended=shapes["s_append"]),
-        t["obs_trace"].format(diff=_diff(result["trace_max_diff"])),
-        t["obs_sizes"].format(attn=f"{result['attn_update_norm']:.4f}",
-                              ffn=f"{result['ffn_update_norm']:.4f}",
-                              f=f"{result['w_down_gain']:g}"),
-        t["obs_heads"].format(w0=words[a_ids[0]], w1=words[a_ids[1]],
-                              s0=f"{heads['scores'][0][0][0]:.4f}",
-                              s1=f"{heads['scores'][0][0][1]:.4f}",
-                              a0=f"{w[0][0][0]:.4f}", a1=f"{w[0][0][1]:.4f}",
-                              b0=f"{w[0][1][0]:.4f}", b1=f"{w[0][1][1]:.4f}"),
-        t["obs_next"].format(wa=words[ia], la=f"{result['logits'][0][ia]:.4f}",
-                             pa=f"{result['probs'][0][ia]:.4f}", wb=words[ib],
-                             pb=f"{result['probs'][1][ib]:.4f}",
-                             ha=f"{w[0][0][0]:.4f}", hb=f"{w[0][1][0]:.4f}",
-                             f0=words[a_ids[0]], f1=words[b_ids[0]]),
-        t["obs_ln"].format(x=x_text, mean=f"{ln['mean']:g}", var=f"{ln['variance']:g}",
-                           std=f"{ln['std']:.6f}", std0=f"{ln['std_without_eps']:.6f}",
-                           out=_vec(ln["normalised"], 3), diff=_diff(ln["max_diff"])),
-    ])
+    print_observations(observations(result, lang))
 
 
 # ---------------------------------------------------------------- the text, zh and en

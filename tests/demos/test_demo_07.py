@@ -123,3 +123,11 @@ def test_the_printed_numbers_are_the_computed_ones(result, lang):
     assert f"{result['loss']:.4f}" in text
     word = (WEEK8_VOCAB if lang == "zh" else WEEK8_VOCAB_EN)[int(result["argmax"][0])]
     assert f"argmax = {word}" in text
+
+
+def test_findings_are_the_worked_example_s_numbers(result):
+    f = D07.findings(result)
+    assert f["argmax"] == (int(result["argmax"][0]), int(result["argmax"][1]))
+    close(f["weights"][0][0], HEAD1_WEIGHTS)
+    assert f["updates"][0] > f["updates"][1] and f["trace_diff"] == result["trace_max_diff"]
+    assert len(D07.observations(result, "en")) == len(D07.observations(result, "zh")) == 6
