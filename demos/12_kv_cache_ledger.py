@@ -282,46 +282,59 @@ def _crossing(d, result, t):
     return f"{s:,.0f}" if s <= top else t["beyond"].format(s=f"{s:,.0f}")
 
 
-def observations(result, lang):
-    t = TEXT[lang]
+def findings(result):
+    """The facts and the verdict the observations state, computed from the results."""
     models = {m["name"]: m for m in result["models"]}
+    c = PUBLISHED["DeepSeek-V3"]
+    fits = [m for m in result["models"] if m["weights_fit"]]
+    m = result["measured"]
+    top = max(m["contexts"])
+    designs = {d["key"]: d for d in m["designs"]}
+    crossed = [d for d in m["designs"] if d["cross_time"] is not None and d["cross_time"] <= top]
+    mla, mha = designs["MLA"], designs["MHA"]
+    return {"models": models, "mha_equiv": 2 * c["num_attention_heads"] * c["qk_nope_head_dim"]
+            * c["num_hidden_layers"], "best": max(fits, key=lambda m: m["fits_beside"]),
+            "worst": min(fits, key=lambda m: m["fits_beside"]),
+            "over": [m["name"] for m in result["models"] if not m["weights_fit"]],
+            "top": top, "designs": designs,
+            "first_crossed": min(crossed, key=lambda d: d["cross_time"]) if crossed else None,
+            "not_crossed": [d["key"] for d in m["designs"] if d not in crossed],
+            "order": [d["key"] for d in sorted(m["designs"], key=lambda d: d["bytes"][-1])],
+            "verdict": time_verdict(mla["times"][-1], mha["times"][-1])}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    models, designs = f["models"], f["designs"]
     ds, l2 = models["DeepSeek-V3"], models["Llama-2-7B"]
     c = PUBLISHED["DeepSeek-V3"]
-    mha_equiv = 2 * c["num_attention_heads"] * c["qk_nope_head_dim"] * c["num_hidden_layers"]
+    mha_equiv = f["mha_equiv"]
     k = _k(result["fit_context"])
     items = [t["obs_mla"].format(L=ds["layers"], H=ds["heads"], D=c["qk_nope_head_dim"],
                                  v=f"{ds['values_per_token']:,}",
                                  kib=_kib(ds["bytes_per_token"]).split()[0],
                                  mha=f"{mha_equiv:,}", x=_ratio(mha_equiv / ds["values_per_token"]),
                                  kib_l2=_kib(l2["bytes_per_token"]).split()[0])]
-    fits = [m for m in result["models"] if m["weights_fit"]]
-    best = max(fits, key=lambda m: m["fits_beside"])
-    worst = min(fits, key=lambda m: m["fits_beside"])
+    best, worst = f["best"], f["worst"]
     sep = "、" if lang == "zh" else " and "
     items.append(t["obs_fit"].format(k=k, best=best["name"], nb=best["fits_beside"],
                                      worst=worst["name"], nw=worst["fits_beside"],
-                                     over=sep.join(m["name"] for m in result["models"]
-                                                   if not m["weights_fit"])))
+                                     over=sep.join(f["over"])))
     l3 = models["Llama-3-8B"]
     items.append(t["obs_gqa"].format(r=_ratio(l2["bytes_per_token"] / l3["bytes_per_token"]), k=k,
                                      a=f"{l2['cache_bytes'][result['fit_context']] / 1e9:.1f}",
                                      b=f"{l3['cache_bytes'][result['fit_context']] / 1e9:.1f}"))
-    m = result["measured"]
-    top = max(m["contexts"])
-    designs = {d["key"]: d for d in m["designs"]}
-    crossed = [d for d in m["designs"] if d["cross_time"] is not None and d["cross_time"] <= top]
-    if crossed:
-        first = min(crossed, key=lambda d: d["cross_time"])
-        others = [d["key"] for d in m["designs"] if d not in crossed]
+    top, first = f["top"], f["first_crossed"]
+    if first is not None:
         items.append(t["obs_cross"].format(name=first["key"], s=f"{first['cross_time']:,.0f}",
                                            sb=f"{first['cross_bytes']:,.0f}",
-                                           others=(sep.join(others) if others else "—")))
+                                           others=(sep.join(f["not_crossed"]) or "—")))
     else:
         items.append(t["obs_cross_none"].format(sb=f"{designs['MHA']['cross_bytes']:,.0f}"))
-    order = sorted(m["designs"], key=lambda d: d["bytes"][-1])
     mla, gqa, mha, mqa = designs["MLA"], designs["GQA"], designs["MHA"], designs["MQA"]
     items.append(t["obs_bytes"].format(
-        s=f"{top:,}", order=" < ".join(f"{d['key']} {_mb(d['bytes'][-1])}" for d in order),
+        s=f"{top:,}", order=" < ".join(f"{key} {_mb(designs[key]['bytes'][-1])}"
+                                       for key in f["order"]),
         r_gqa=f"{mla['cache_per_token'] / gqa['cache_per_token']:.0%}",
         r_mha=f"{mla['cache_per_token'] / mha['cache_per_token']:.0%}",
         mqa=mqa["values_per_layer"], mla=mla["values_per_layer"]))
@@ -330,7 +343,7 @@ def observations(result, lang):
         rb=f"{mha['bytes'][-1] / mla['bytes'][-1]:.2f}",
         rf=f"{mla['attn_flops'][-1] / mha['attn_flops'][-1]:.1f}",
         i_mla=f"{intensity(mla):.1f}", i_mha=f"{intensity(mha):.1f}",
-        verdict=t[time_verdict(mla["times"][-1], mha["times"][-1])].format(tie=TIE)))
+        verdict=t[f["verdict"]].format(tie=TIE)))
     return items
 
 

@@ -113,18 +113,20 @@ def test_the_cache_per_token_follows_each_design(quick):
     assert D12.intensity(d["MLA"]) > D12.intensity(d["MQA"]) > D12.intensity(d["MHA"])
 
 
-@pytest.mark.parametrize("lang", ["zh", "en"])
-def test_observations_quote_the_computed_numbers(quick, lang):
-    text = flat(" ".join(D12.observations(quick, lang)))
+def test_findings_are_the_computed_numbers(quick):
+    f = D12.findings(quick)
     m = models(quick)
-    assert f"{m['DeepSeek-V3']['values_per_token']:,}" in text
-    assert "1,998,848" in text and "57" in text  # 2·128·128·61, and the ratio to 35,136
-    assert str(m["SmolLM2-135M"]["fits_beside"]) in text
+    assert f["mha_equiv"] == 2 * 128 * 128 * 61 == 1_998_848  # DeepSeek-V3 as MHA
+    assert m["DeepSeek-V3"]["values_per_token"] == 35_136  # 57x fewer
+    assert f["best"]["fits_beside"] == max(x["fits_beside"] for x in quick["models"]
+                                           if x["weights_fit"])
     meas = {d["key"]: d for d in quick["measured"]["designs"]}
-    top = max(quick["measured"]["contexts"])
-    assert f"{top:,}" in text
-    for key in ("MQA", "GQA", "MLA", "MHA"):
-        assert f"{key} {meas[key]['bytes'][-1] / 1e6:.0f} MB" in text
+    assert f["top"] == max(quick["measured"]["contexts"])
+    assert f["order"] == sorted(meas, key=lambda key: meas[key]["bytes"][-1])
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_ledger_rows_show_each_formula(quick, lang):
     shown = flat(rendered_text(D12, quick, lang))
     for m in quick["models"]:
         assert f"{m['formula']} = {m['values_per_token']:,}" in shown
@@ -143,16 +145,15 @@ def synthetic(quick, mla_slope):
 
 
 def test_the_verdict_follows_the_times(quick):
-    fast = flat(" ".join(D12.observations(synthetic(quick, 1.5e-6), "en")))
-    slow = flat(" ".join(D12.observations(synthetic(quick, 9e-6), "en")))
-    tie = flat(" ".join(D12.observations(synthetic(quick, 4.1e-6), "en")))
-    assert "the bytes decide" in fast and "the FLOPs decide" not in fast
-    assert "here the FLOPs decide" in slow
-    assert "within 10% of each other: the bytes saved are paid back in FLOPs here" in tie
+    verdicts = [D12.findings(synthetic(quick, slope))["verdict"] for slope in (1.5e-6, 9e-6, 4.1e-6)]
+    assert verdicts == ["v_bytes", "v_flops", "v_tie"]
+    f = D12.findings(synthetic(quick, 1.5e-6))
     # MHA's slope 4e-6 against a constant of 2 ms: the cache overtakes at 500 tokens
-    assert "MHA's cache overtakes its weights at about 500 tokens" in fast
-    assert "Not crossed within the measured range: MQA, MLA." not in fast
-    assert "Not crossed within the measured range: MQA and MLA." in fast
+    assert f["first_crossed"]["key"] == "MHA"
+    assert f["first_crossed"]["cross_time"] == pytest.approx(500)
+    assert f["not_crossed"] == ["MQA", "MLA"]
+    texts = {D12.observations(synthetic(quick, s), "en")[-1] for s in (1.5e-6, 9e-6, 4.1e-6)}
+    assert len(texts) == 3  # each verdict its own sentence
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
