@@ -44,7 +44,8 @@ try:
     c.all_reduce(np.zeros(3, dtype=np.float32 if r else np.float64))
 except CollectiveMismatch as exc:
     assert "dtypes differ" in str(exc), exc
-print(f"ok rank {r}", flush=True)
+sys.stdout.write(f"ok rank {r}\n")
+sys.stdout.flush()
 if sys.argv[1:] == ["abort"]:
     with ending_all_ranks(c):
         if r == 1:

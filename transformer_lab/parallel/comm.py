@@ -37,6 +37,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -111,6 +112,12 @@ class Comm:
 
     def __init__(self):
         self.stats = {}
+        self._helper_thread = None
+
+    def _helper(self):
+        if self._helper_thread is None:
+            self._helper_thread = _Helper()
+        return self._helper_thread
 
     def _count(self, call, nbytes):
         entry = self.stats.setdefault(call, {"calls": 0, "bytes": 0})
@@ -223,7 +230,10 @@ class Comm:
 
     def iall_reduce(self, x, op="sum"):
         """all_reduce started now, finished by .wait() (which returns the sum): the gradient
-        buckets' overlap with the backward. Requests finish in the order they started."""
+        buckets' overlap with the backward. It runs on the comm's one helper thread, in the
+        order the requests were made (a thread, not MPI's Iallreduce: MPICH moves a
+        non-blocking collective on only inside MPI calls, and the backward makes none).
+        Until every request is waited for, this rank makes no other call."""
         return _ThreadRequest(self, lambda: self.all_reduce(x, op))
 
 
@@ -237,7 +247,8 @@ def _all_reduce_bytes(a, n, rank):
 
 
 class _ThreadRequest:
-    """A call running on the comm's one helper thread (so calls keep their order)."""
+    """A call running on the comm's one helper thread (so calls keep their order);
+    .seconds is how long it ran."""
 
     def __init__(self, comm, work):
         self._done = threading.Event()
@@ -245,10 +256,12 @@ class _ThreadRequest:
         comm._helper().submit(self, work)
 
     def _run(self, work):
+        start = time.perf_counter()
         try:
             self._result = work()
         except BaseException as exc:  # re-raised in wait()
             self._error = exc
+        self.seconds = time.perf_counter() - start  # how long the call itself took
         self._done.set()
 
     def wait(self):
@@ -327,12 +340,6 @@ class ThreadComm(Comm):
         self.rank, self.size = rank, len(board.members)
         self.global_rank = board.members[rank]
         self._splits = 0
-        self._helper_thread = None
-
-    def _helper(self):
-        if self._helper_thread is None:
-            self._helper_thread = _Helper()
-        return self._helper_thread
 
     def _exchange(self, call, item):
         """Every rank's item, in rank order, once all have arrived."""
@@ -492,10 +499,6 @@ class MPIComm(Comm):
         self._count("all_reduce", _all_reduce_bytes(a, self.size, self.rank))
         return out
 
-    def iall_reduce(self, x, op="sum"):
-        a = _as_array(x, "all_reduce")
-        return _MPIRequest(self, a, self._ops[op])
-
     def reduce_scatter(self, x):
         a = _as_array(x, "reduce_scatter")
         self._headers("reduce_scatter", a)
@@ -610,25 +613,8 @@ class MPIComm(Comm):
         go on does, so the others never wait for it."""
         sys.stderr.write(message.rstrip("\n") + "\n")
         sys.stderr.flush()
+        time.sleep(0.3)  # mpiexec forwards the line before the abort tears the job down
         self._comm.Abort(code)
-
-
-class _MPIRequest:
-    """A non-blocking all-reduce: the header and the payload travel together (Iallgather,
-    Iallreduce); wait() checks the headers and returns the sum."""
-
-    def __init__(self, comm, a, op):
-        self.comm, self.a = comm, a
-        self.headers = np.empty((comm.size, _HEADER), dtype=np.int64)
-        self.out = np.empty_like(a)
-        self.requests = [comm._comm.Iallgather(_encode("all_reduce", a), self.headers),
-                         comm._comm.Iallreduce(a, self.out, op=op)]
-
-    def wait(self):
-        self.comm.MPI.Request.Waitall(self.requests)
-        check_headers("all_reduce", [_decode(h) for h in self.headers])
-        self.comm._count("all_reduce", _all_reduce_bytes(self.a, self.comm.size, self.comm.rank))
-        return self.out
 
 
 # ---------------------------------------------------------------- which world

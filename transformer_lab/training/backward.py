@@ -34,7 +34,8 @@ VOCAB_SLICE = 8192  # columns per product when a later chunk adds into the head'
 
 
 def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_scale=1.0,
-                   lora=None, checkpoint=False, n_targets=None):
+                   lora=None, checkpoint=False, n_targets=None, block_params=None,
+                   on_grads_ready=None):
     """(loss, grads) for next-token prediction: the loss as loss() computes it, and its
     gradient for every parameter, in the same nested layout as params.
 
@@ -60,6 +61,14 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     n_targets: divide the summed loss by this many supervised positions instead of
     this batch's own count: micro-batches of one accumulated batch pass the whole
     batch's count, so that their grads add up to the whole batch's (accumulate_grads).
+
+    Two hooks for data parallel (parallel/data.py): block_params(i) gives block i's params
+    each time the forward or the backward needs them (ZeRO-3 all-gathers them there and
+    lets them go after; default params["blocks"][i]), and on_grads_ready(unit, {name:
+    grad}) is called as each unit's grads are final, in the backward's order: "head"
+    (final_norm, lm_head), "blocks[L-1]" ... "blocks[0]", "embed", so their all-reduce can
+    start while the backward goes on. It may return {name: array} to keep in their place
+    (ZeRO-2 keeps only its reduced part, so the full grads are freed at once).
     """
     if cache is not None:
         raise ValueError("loss_and_grads trains on whole sequences without a KV cache; "
@@ -85,13 +94,15 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     T = tokens.shape[1]
     rope = rope_angles(np.arange(T), cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
     blocks = params["blocks"]
+    fetch = blocks.__getitem__ if block_params is None else block_params
+    ready = on_grads_ready if on_grads_ready is not None else lambda unit, grads: None
     # The forward: every activation recorded, or with checkpointing each block's input only.
     x = embed(params, cfg, tokens)  # [B, T, d]
     acts, inputs = (None, []) if checkpoint else (ActivationRecord(), None)
-    for i, p in enumerate(blocks):
+    for i in range(cfg.n_layers):
         if checkpoint:
             inputs.append(x)
-        x = block(x, p, cfg, rope=rope, layer=i, acts=acts, lora=lora)  # [B, T, d]
+        x = block(x, fetch(i), cfg, rope=rope, layer=i, acts=acts, lora=lora)  # [B, T, d]
     xn = norm(x, params["final_norm"], cfg)  # [B, T, d]
 
     frozen = lora is not None
@@ -101,18 +112,40 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     dx, g = norm_backward(dx, x, params["final_norm"], cfg, frozen=frozen)  # [B, T, d]
     if not frozen:
         grads["final_norm"] = g
+        _ready(ready, "head", grads, ("final_norm", "lm_head"))
     grads["blocks"] = [None] * cfg.n_layers
     for i in reversed(range(cfg.n_layers)):
+        p = fetch(i)
         if checkpoint:  # recompute block i, this time keeping what its backward reads
             acts = ActivationRecord()
-            block(inputs[i], blocks[i], cfg, rope=rope, layer=i, acts=acts, lora=lora)
+            block(inputs[i], p, cfg, rope=rope, layer=i, acts=acts, lora=lora)
             inputs[i] = None
-        dx, grads["blocks"][i] = block_backward(dx, blocks[i], cfg, acts, i, rope=rope,
-                                                lora=lora)
+        dx, grads["blocks"][i] = block_backward(dx, p, cfg, acts, i, rope=rope, lora=lora)
+        del p
+        _ready(ready, f"blocks[{i}]", grads["blocks"], (i,))
     if frozen:
         return loss, _in_layout_of(lora.adapters, grads)
     grads.update(embed_backward(dx, tokens, cfg, dtok=head_grads.get("tok_emb")))
+    _ready(ready, "embed", grads, ("tok_emb", "pos_emb"))
     return loss, _in_layout_of(params, grads)
+
+
+def _ready(ready, unit, tree, keys):
+    """Hand the unit's finished grads (tree[key] for the keys present) to on_grads_ready by
+    their params names; put back what it returns in their place."""
+    prefix = "blocks" if isinstance(tree, list) else ""
+    parts = {k: tree[k] for k in keys if (isinstance(tree, list) or k in tree)}
+    named = {}
+    for k, sub in parts.items():
+        top = f"{prefix}[{k}]" if prefix else k
+        named.update({f"{top}.{n}" if n else top: a for n, a in named_params(sub)} if
+                     isinstance(sub, (dict, list)) else {top: sub})
+    kept = ready(unit, named)
+    if kept is not None:
+        for k, sub in parts.items():
+            top = f"{prefix}[{k}]" if prefix else k
+            tree[k] = map_params(lambda n, _: kept[f"{top}.{n}" if n else top], sub, names=True) \
+                if isinstance(sub, (dict, list)) else kept[top]
 
 
 def _check_train_targets(targets, tokens, cfg: Config):
@@ -122,27 +155,46 @@ def _check_train_targets(targets, tokens, cfg: Config):
     return targets
 
 
-def accumulate_grads(params, cfg: Config, micro_batches, *, lora=None, checkpoint=False):
+def accumulate_grads(params, cfg: Config, micro_batches, *, lora=None, checkpoint=False,
+                     n_targets=None, block_params=None, on_grads_ready=None):
     """(loss, grads) of a batch given as micro-batches [(tokens, targets), ...]: the same
     as loss_and_grads on the whole batch, while only one micro-batch's activations are
     held at a time. The loss is a mean over the supervised positions of the WHOLE batch,
     so each micro-batch divides its summed loss by that count, not by its own (dividing
     by each micro-batch's count would weigh a token of a short micro-batch more; the trap
-    transformers and trl fixed in 2024). Micro-batches may differ in length."""
+    transformers and trl fixed in 2024). Micro-batches may differ in length.
+
+    n_targets: the count to divide by instead of these micro-batches' own (data parallel
+    passes the global batch's, so that the ranks' grads add up to its gradient).
+    block_params and on_grads_ready as loss_and_grads takes them; on_grads_ready sees each
+    unit's grads accumulated over every micro-batch, during the last one's backward."""
     micro_batches = list(micro_batches)
     if not micro_batches:
         raise ValueError("accumulate_grads needs at least one (tokens, targets) micro-batch")
     total = sum(int(np.count_nonzero(np.asarray(t) != IGNORE)) for _, t in micro_batches)
+    if n_targets is not None:
+        total = check_int(n_targets, "accumulate_grads: n_targets", low=max(1, total))
     if total == 0:
         raise ValueError(f"every target of every micro-batch is {IGNORE} (ignored): there is "
                          f"no position to average the loss over")
     loss, grads = 0.0, None
-    for tokens, targets in micro_batches:
+    for k, (tokens, targets) in enumerate(micro_batches):
+        last = k == len(micro_batches) - 1
+        ready = on_grads_ready
+        if last and on_grads_ready is not None and grads is not None:
+            def ready(unit, named, earlier=dict(named_params(grads))):
+                for name, a in named.items():  # this micro-batch's part added to the rest
+                    earlier[name] += a
+                return on_grads_ready(unit, {n: earlier[n] for n in named}) or \
+                    {n: earlier[n] for n in named}
         part, g = loss_and_grads(params, cfg, tokens, targets, lora=lora,
-                                 checkpoint=checkpoint, n_targets=total)
+                                 checkpoint=checkpoint, n_targets=total,
+                                 block_params=block_params, on_grads_ready=ready if last else None)
         loss += part
         if grads is None:
             grads, leaves = g, [a for _, a in named_params(g)]
+        elif last and on_grads_ready is not None:
+            grads = g  # the hook already added this micro-batch in, unit by unit
         else:
             for acc, a in zip(leaves, (a for _, a in named_params(g))):
                 acc += a

@@ -16,7 +16,7 @@ PROBE_STEPS = 3  # steps timed before the first plan (the first one is slower: c
 
 
 def train_step(params, cfg: Config, opt, tokens, targets, *, clip=1.0, precision=None,
-               lora=None, checkpoint=False, micro_batches=1, on_grads=None):
+               lora=None, checkpoint=False, micro_batches=1, on_grads=None, grad_sync=None):
     """One optimisation step in place: (loss, gradient norm before clipping).
 
     opt: anything with .step(grads) (AdamW). clip=None skips clipping (the norm is still
@@ -27,6 +27,13 @@ def train_step(params, cfg: Config, opt, tokens, targets, *, clip=1.0, precision
     many micro-batches and accumulate their grads (accumulate_grads, divided by the whole
     batch's supervised count), so only one micro-batch's activations are held at a time.
     on_grads(grads) sees the grads before they are clipped (demo 19 counts the flushed ones).
+
+    grad_sync: data parallel (parallel.data.DataParallel); this rank's rows are its shard of
+    the global batch. grad_sync.hooks(targets) gives the backward the global batch's
+    supervised count to divide by, where each unit's finished grads go (their all-reduce
+    starts there) and, for ZeRO-3, where block params come from; grad_sync.finish waits for
+    the reductions, sums the ranks' losses and leaves the summed grads in place; with ZeRO,
+    grad_sync.step clips by the global norm and updates this rank's parts.
     """
     micro_batches = check_int(micro_batches, "train_step: micro_batches", low=1)
     tokens, targets = np.asarray(tokens), np.asarray(targets)
@@ -37,13 +44,22 @@ def train_step(params, cfg: Config, opt, tokens, targets, *, clip=1.0, precision
     if low and (lora is not None or checkpoint or micro_batches > 1):
         raise ValueError("train_step: precision= runs whole float32-mastered batches; it does "
                          "not combine with lora, checkpoint or micro_batches")
+    if low and grad_sync is not None:
+        raise ValueError("train_step: data parallel (grad_sync=) runs float32; it does not "
+                         "combine with precision=")
     if not low:
         parts = zip(np.array_split(tokens, micro_batches), np.array_split(targets, micro_batches))
-        loss, grads = accumulate_grads(params, cfg, parts, lora=lora, checkpoint=checkpoint)
+        hooks = {} if grad_sync is None else grad_sync.hooks(targets)
+        loss, grads = accumulate_grads(params, cfg, parts, lora=lora, checkpoint=checkpoint,
+                                       **hooks)
     else:
         loss, grads = precision.loss_and_grads(params, cfg, tokens, targets)
         if grads is None:  # the scaled grads overflowed: no update, the scale backed off
             return loss, math.inf
+    if grad_sync is not None:
+        loss, grads = grad_sync.finish(loss, grads)
+        if grad_sync.clips_in_step:  # ZeRO: the global norm from every rank's parts
+            return loss, grad_sync.step(opt, grads, clip)
     if on_grads is not None:
         on_grads(grads)
     if clip is None:
