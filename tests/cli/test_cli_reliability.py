@@ -366,13 +366,15 @@ def test_demo_09_names_a_corrupt_model_file_and_says_how_to_reinstall(tmp_path):
 @pytest.mark.parametrize("lang", ["zh", "en"])
 def test_demo_09_corrupt_message_in_both_languages(monkeypatch, lang):
     D09 = demo(9)
-    monkeypatch.setattr(D09, "_MODEL", {})
-    monkeypatch.setattr(D09, "find_model", lambda: "/models/broken.gguf")
+    import transformer_lab
+    common = D09._common
+    monkeypatch.setattr(common, "SMOLLM2", {})  # the process's shared load, not yet made
+    monkeypatch.setattr(transformer_lab, "find_model", lambda: "/models/broken.gguf")
 
     def corrupt(path):
         raise ValueError(f"{path}: truncated or corrupt GGUF file")
 
-    monkeypatch.setattr(D09, "load_gguf", corrupt)
+    monkeypatch.setattr(transformer_lab, "load_gguf", corrupt)
     result = D09.compute(quick=True)
     assert result["available"] is False and result["corrupt_file"] == "/models/broken.gguf"
     assert result["install"] == D09.REINSTALL_COMMAND
