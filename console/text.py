@@ -108,18 +108,22 @@ def fmt_pct(x) -> str:
 
 
 _BINARY_UNITS = (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10))
+_SCALES = {"B": 1, "kB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, **dict(_BINARY_UNITS)}
 
 
-def fmt_bytes(n) -> str:
-    """Bytes in binary units to three significant digits: '512 B', '16.0 KiB', '1.25 MiB',
-    '538 MiB', '2.10 GiB'."""
+def fmt_bytes(n, unit=None) -> str:
+    """Bytes to three significant digits, in the largest binary unit the value reaches
+    ('512 B', '16.0 KiB', '1.25 MiB', '538 MiB', '2.10 GiB'), or in the unit given, binary
+    or decimal ('0.54 GB', '1342 GB': GB = 10^9 bytes, MB = 10^6)."""
+    if unit is not None and unit not in _SCALES:
+        raise ValueError(f"fmt_bytes: unit must be one of {', '.join(_SCALES)}, got {unit!r}")
     n = float(n)
-    for unit, scale in _BINARY_UNITS:
-        if abs(n) >= scale * 0.9995:
-            v = n / scale
-            return f"{v:.0f} {unit}" if abs(v) >= 99.95 else (
-                f"{v:.1f} {unit}" if abs(v) >= 9.995 else f"{v:.2f} {unit}")
-    return f"{n:.0f} B"
+    if unit is None:
+        unit = next((u for u, scale in _BINARY_UNITS if abs(n) >= scale * 0.9995), "B")
+    v = n / _SCALES[unit]
+    if unit == "B" or abs(v) >= 99.95:
+        return f"{v:.0f} {unit}"
+    return f"{v:.1f} {unit}" if abs(v) >= 9.995 else f"{v:.2f} {unit}"
 
 
 # ---------------------------------------------------------------- values for machines

@@ -13,13 +13,12 @@ G · D · itemsize) and measure's param_bytes.
 """
 from __future__ import annotations
 
-import math
 import sys
 
 import numpy as np
 
 import _common  # noqa: F401  (puts the repo root on sys.path when run from a checkout)
-from console import fmt_time, print_observations, print_section, print_table, print_text
+from console import fmt_bytes, fmt_time, print_observations, print_section, print_table, print_text
 from transformer_lab import KVCache, forward, init_params, llama_config
 from transformer_lab.measure import blas_threads, param_bytes, run_side_by_side
 
@@ -243,15 +242,8 @@ def _k(n):
 
 
 def _gb(x):
-    return f"{x / 1e9:.2f}" if x < 100e9 else f"{x / 1e9:.0f}"
-
-
-def _kib(x):
-    return f"{x / 1024:.1f} KiB" if x < 10 * 1024 else f"{x / 1024:.0f} KiB"
-
-
-def _mb(x):
-    return f"{x / 1e6:.0f} MB"
+    """GB (10^9 bytes) without the unit, which the table's title names."""
+    return fmt_bytes(x, "GB").removesuffix(" GB")
 
 
 def _ratio(x):
@@ -312,9 +304,9 @@ def observations(result, lang):
     k = _k(result["fit_context"])
     items = [t["obs_mla"].format(L=ds["layers"], H=ds["heads"], D=c["qk_nope_head_dim"],
                                  v=f"{ds['values_per_token']:,}",
-                                 kib=_kib(ds["bytes_per_token"]).split()[0],
+                                 kib=fmt_bytes(ds["bytes_per_token"], "KiB"),
                                  mha=f"{mha_equiv:,}", x=_ratio(mha_equiv / ds["values_per_token"]),
-                                 kib_l2=_kib(l2["bytes_per_token"]).split()[0])]
+                                 kib_l2=fmt_bytes(l2["bytes_per_token"], "KiB"))]
     best, worst = f["best"], f["worst"]
     sep = "、" if lang == "zh" else " and "
     items.append(t["obs_fit"].format(k=k, best=best["name"], nb=best["fits_beside"],
@@ -322,8 +314,8 @@ def observations(result, lang):
                                      over=sep.join(f["over"])))
     l3 = models["Llama-3-8B"]
     items.append(t["obs_gqa"].format(r=_ratio(l2["bytes_per_token"] / l3["bytes_per_token"]), k=k,
-                                     a=f"{l2['cache_bytes'][result['fit_context']] / 1e9:.1f}",
-                                     b=f"{l3['cache_bytes'][result['fit_context']] / 1e9:.1f}"))
+                                     a=fmt_bytes(l2["cache_bytes"][result["fit_context"]], "GB"),
+                                     b=fmt_bytes(l3["cache_bytes"][result["fit_context"]], "GB")))
     top, first = f["top"], f["first_crossed"]
     if first is not None:
         items.append(t["obs_cross"].format(name=first["key"], s=f"{first['cross_time']:,.0f}",
@@ -333,7 +325,7 @@ def observations(result, lang):
         items.append(t["obs_cross_none"].format(sb=f"{designs['MHA']['cross_bytes']:,.0f}"))
     mla, gqa, mha, mqa = designs["MLA"], designs["GQA"], designs["MHA"], designs["MQA"]
     items.append(t["obs_bytes"].format(
-        s=f"{top:,}", order=" < ".join(f"{key} {_mb(designs[key]['bytes'][-1])}"
+        s=f"{top:,}", order=" < ".join(f"{key} {fmt_bytes(designs[key]['bytes'][-1], 'MB')}"
                                        for key in f["order"]),
         r_gqa=f"{mla['cache_per_token'] / gqa['cache_per_token']:.0%}",
         r_mha=f"{mla['cache_per_token'] / mha['cache_per_token']:.0%}",
@@ -353,7 +345,7 @@ def render(result, lang="zh"):
     print_section(t["ledger"])
     print_table([t["model"], t["design"], t["formula"], t["per_layer"], t["per_token"]],
                 [[m["name"], m["label"], f"{m['formula']} = {m['values_per_token']:,}",
-                  _kib(m["bytes_per_layer"]), _kib(m["bytes_per_token"])]
+                  fmt_bytes(m["bytes_per_layer"], "KiB"), fmt_bytes(m["bytes_per_token"], "KiB")]
                  for m in result["models"]])
     k = _k(result["fit_context"])
     print_section(t["memory"].format(k=k))
@@ -379,11 +371,11 @@ def render(result, lang="zh"):
     print_table([t["ctx"], *ctx], [[d["key"], *[fmt_time(x) for x in d["times"]]]
                                    for d in m["designs"]])
     print_text(t["bytes"])
-    print_table([t["ctx"], *ctx], [[d["key"], *[_mb(x) for x in d["bytes"]]]
+    print_table([t["ctx"], *ctx], [[d["key"], *[fmt_bytes(x, "MB") for x in d["bytes"]]]
                                    for d in m["designs"]])
     print_section(t["cross"])
     print_table(["", t["cache_tok"], t["w_bytes"], t["flop_b"], t["by_bytes"], t["by_time"]],
-                [[d["key"], _kib(d["cache_per_token"]), _mb(d["weight_bytes"]),
+                [[d["key"], fmt_bytes(d["cache_per_token"], "KiB"), fmt_bytes(d["weight_bytes"], "MB"),
                   f"{intensity(d):.1f}", f"{d['cross_bytes']:,.0f}", _crossing(d, result, t)]
                  for d in m["designs"]])
     print_text(t["cross_note"], style="dim")
@@ -466,13 +458,13 @@ TEXT = {
         "beyond": "{s}（外推）", "never": "—",
         "cross_note": "FLOP/字节：注意力的 FLOPs 除以读的缓存字节。按字节：权重字节 = S × 每 token 缓存字节的 S。按时间：拟合每个设计的 t = a + b·S，a 是与上下文无关的部分（读权重等），"
                       "b·S 是读缓存和算注意力的部分；交点 S = a / b。",
-        "obs_mla": "DeepSeek-V3 有 {L} 层、{H} 个头，每 token 却只缓存 {v} 个值（{kib} KiB），"
+        "obs_mla": "DeepSeek-V3 有 {L} 层、{H} 个头，每 token 却只缓存 {v} 个值（{kib}），"
                    "比同样头数的 MHA（2·{H}·{D}·{L} = {mha} 个值）少 {x} 倍；Llama-2-7B 的 MHA "
-                   "每 token 要 {kib_l2} KiB。",
+                   "每 token 要 {kib_l2}。",
         "obs_fit": "在 80 GB 里放 {k} 的序列：{best} 放得最多（{nb} 条），{worst} 最少（{nw} 条）；"
                    "{over} 的 bf16 权重本身就超过 80 GB，一张卡放不下。",
         "obs_gqa": "同样是 32 层、4096 宽，Llama-3-8B（GQA 8）每 token 的缓存是 Llama-2-7B（MHA）的"
-                   " 1/{r}：一条 {k} 的序列从 {a} GB 降到 {b} GB。",
+                   " 1/{r}：一条 {k} 的序列从 {a} 降到 {b}。",
         "obs_cross": "实测：{name} 的缓存在约 {s} 个 token 时超过权重（按字节 {sb}），"
                      "此后每步时间主要花在读缓存上。实测范围内还没有超过的：{others}。",
         "obs_cross_none": "实测范围内没有一种设计的缓存读取超过权重读取（MHA 按字节在 {sb} 个 token）。",
@@ -526,14 +518,14 @@ TEXT = {
                       "with the context (reading the weights, mostly), b·S reading the cache "
                       "and attending; they cross at S = a / b.",
         "obs_mla": "DeepSeek-V3 has {L} layers and {H} heads, yet caches only {v} values per "
-                   "token ({kib} KiB): {x}× fewer than MHA with as many heads "
-                   "(2·{H}·{D}·{L} = {mha} values); Llama-2-7B's MHA needs {kib_l2} KiB per "
+                   "token ({kib}): {x}× fewer than MHA with as many heads "
+                   "(2·{H}·{D}·{L} = {mha} values); Llama-2-7B's MHA needs {kib_l2} per "
                    "token.",
         "obs_fit": "Of {k} sequences in 80 GB, {best} fits the most ({nb}) and {worst} the "
                    "fewest ({nw}); the bf16 weights of {over} exceed 80 GB on their own, "
                    "so one accelerator cannot hold them.",
         "obs_gqa": "At the same 32 layers and width 4096, Llama-3-8B (GQA 8) caches 1/{r} of "
-                   "Llama-2-7B's (MHA) per token: one {k} sequence goes from {a} GB to {b} GB.",
+                   "Llama-2-7B's (MHA) per token: one {k} sequence goes from {a} to {b}.",
         "obs_cross": "Measured: {name}'s cache overtakes its weights at about {s} tokens ({sb} "
                      "by bytes); past that, a step spends most of its time reading the cache. "
                      "Not crossed within the measured range: {others}.",

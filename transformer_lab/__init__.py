@@ -1,30 +1,35 @@
 """transformer_lab: a small, readable, pure-NumPy transformer for teaching and measuring."""
-from .acts import ActivationRecord
+# the lecture core: config, ops, positions, precision, attention, caches, model, generation
+from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
+from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backward, gelu_tanh,
+                  gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
+                  rms_norm_backward, silu, silu_backward, softmax)
+from .positions import apply_rope, apply_rope_backward, rope_angles, sinusoidal_pe
+from .precision import DynamicLossScaler, format_info, round_to
 from .attention import (attention_core, attention_core_backward, attention_reference,
                         attention_weights, causal_mask)
 from .flash import (flash_attention, flash_attention_backward, flash_blocks, flash_io, flash_tiles,
                     merge_attention)
-from .training.backward import loss_and_grads
-from .cache import CacheProtocol, KVCache, MLAKVCache
-from .streaming_cache import StreamingCache, StreamingCacheReference
-from .pretrained.model_file import load_checkpoint, save_checkpoint
-from .config import TINY, TINY_GPT2, Config, gpt2_config, llama_config
-from .pretrained.gguf import find_model, load_gguf
-from .measure.weight_quant import awq_scales, fake_quant, quantize_model
-from .generation import generate, generate_stream, sample_next
-from .model import check_tokens, forward, loss
-from .mla import mla_attention, mla_attention_absorbed, mla_attention_naive
 from .params import (PackedGroup, check_params, init_params, map_params, named_params,
                      pack_weights, param_shapes)
-from .ops import (cross_entropy, cross_entropy_backward, erf, gelu, gelu_backward, gelu_tanh,
-                  gelu_tanh_backward, layer_norm, layer_norm_backward, log_softmax, rms_norm,
-                  rms_norm_backward, silu, silu_backward, softmax)
+from .acts import ActivationRecord
+from .cache import CacheProtocol, KVCache, MLAKVCache
+from .streaming_cache import StreamingCache, StreamingCacheReference
+from .mla import mla_attention, mla_attention_absorbed, mla_attention_naive
+from .model import check_tokens, forward, loss
+from .generation import generate, generate_stream, sample_next
+# pretrained: GGUF files, the tokenizer, the .npz model file
+from .pretrained.gguf import find_model, load_gguf
+from .pretrained.tokenizer import BPETokenizer
+from .pretrained.model_file import load_checkpoint, save_checkpoint
+# training: the backward, LoRA, the optimiser, the one step, the tasks
+from .training.backward import loss_and_grads
+from .training.lora import LoRA
 from .training.optim import AdamW, clip_grad_norm, cosine_lr
 from .training.step import train_step
-from .precision import DynamicLossScaler, format_info, round_to
-from .positions import apply_rope, apply_rope_backward, rope_angles, sinusoidal_pe
 from .training.tasks import TASKS, Task, get_task
-from .pretrained.tokenizer import BPETokenizer
+# measure: weight quantization (round to nearest, AWQ) of a whole model
+from .measure.weight_quant import awq_scales, fake_quant, quantize_model
 
 __version__ = "0.1.0"
 
@@ -44,7 +49,7 @@ __all__ = [
     "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",
     "apply_rope_backward", "attention_core_backward", "cross_entropy_backward",
     "load_gguf", "find_model", "BPETokenizer", "quantize_model", "fake_quant", "awq_scales",
-    "AdamW", "clip_grad_norm", "cosine_lr", "train_step", "save_checkpoint", "load_checkpoint",
+    "AdamW", "LoRA", "clip_grad_norm", "cosine_lr", "train_step", "save_checkpoint", "load_checkpoint",
     "TASKS", "Task", "get_task",
     "round_to", "format_info", "DynamicLossScaler",
 ]

@@ -67,3 +67,10 @@ def test_fmt_pct_gives_one_decimal_and_two_digits_below_one_percent(x, text):
 ])
 def test_fmt_bytes_gives_binary_units_to_three_digits(n, text):
     assert fmt_bytes(n) == text
+
+
+def test_fmt_bytes_in_a_given_unit_binary_or_decimal():
+    assert [fmt_bytes(5.4e8, "GB"), fmt_bytes(1.342e12, "GB"), fmt_bytes(87.06e6, "MB"),
+            fmt_bytes(768, "KiB")] == ["0.54 GB", "1342 GB", "87.1 MB", "0.75 KiB"]
+    with pytest.raises(ValueError, match="unit must be one of"):
+        fmt_bytes(1, "gb")

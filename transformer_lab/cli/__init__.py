@@ -10,9 +10,9 @@ import math
 import os
 import sys
 
+from ..parallel.comm import EXIT_INTERRUPTED  # noqa: F401  128 + SIGINT, for every CLI
+
 EXIT_USAGE = 2
-# 128 + SIGINT: the status a shell reports for a command stopped by Ctrl-C.
-EXIT_INTERRUPTED = 130
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -147,7 +147,7 @@ def build_parser():
         prog="python -m transformer_lab.chat",
         description="Chat with a llama-architecture GGUF model in pure NumPy.",
         epilog=f"Default model: {MODEL_INSTALL_COMMAND}. Exit codes: 0 ok, 1 model or "
-               "context problem, 2 bad options, 130 interrupted.")
+               f"context problem, 2 bad options, {EXIT_INTERRUPTED} interrupted.")
     parser.add_argument("question", nargs="?",
                         help="answer this one question; without it, start an interactive session")
     parser.add_argument("--model", "--gguf", dest="gguf", metavar="PATH", type=non_empty_path,

@@ -42,6 +42,9 @@ import traceback
 
 import numpy as np
 
+# 128 + SIGINT: the status a shell reports for a command stopped by Ctrl-C. Its one home,
+# here below cli/ so that the ranks' abort and relaunch can give it too (cli re-exports it).
+EXIT_INTERRUPTED = 130
 INSTALL_HINT = 'pip install -e ".[parallel]" (mpi4py and the mpich wheel, which brings mpiexec)'
 OPS = ("sum", "max", "min")
 _DTYPES = [np.dtype(t) for t in ("float64", "float32", "float16", "int64", "int32", "int16",
@@ -656,4 +659,4 @@ def ending_all_ranks(comm):
         what = "interrupted" if isinstance(exc, KeyboardInterrupt) \
             else f"{type(exc).__name__}: {exc}"
         comm.abort(f"rank {comm.rank}: {what}; ending all {comm.size} ranks",
-                   130 if isinstance(exc, KeyboardInterrupt) else 1)
+                   EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else 1)

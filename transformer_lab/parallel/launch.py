@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .comm import INSTALL_HINT
+from .comm import EXIT_INTERRUPTED, INSTALL_HINT
 
 
 def find_mpiexec():
@@ -61,4 +61,4 @@ def relaunch(n, argv, env=None) -> int:
             return process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
-            return 130
+            return EXIT_INTERRUPTED

@@ -79,10 +79,6 @@ class RequestMetrics:
         n = self.num_generated_tokens
         return (self.e2e - self.ttft) / (n - 1) if n > 1 else None
 
-    @property
-    def queue_time(self) -> float:
-        return self.first_scheduled_time - self.arrival_time
-
 
 @dataclass
 class CompletionOutput:

@@ -3,7 +3,7 @@
 All three follow PyTorch's definitions (torch.nn.utils.clip_grad_norm_,
 torch.optim.AdamW) and nanoGPT's schedule, so numbers seen here agree with
 what students see there. Params and grads are nested dicts in the public
-layout (see model.param_shapes); updates happen in place, array by array,
+layout (see params.param_shapes); updates happen in place, array by array,
 in the arrays' own dtype: float32 state stays float32.
 """
 from __future__ import annotations
