@@ -35,6 +35,8 @@ head is a fifth of SmolLM2's weights and the other prefill rows need none.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..attention import attention_core
@@ -48,6 +50,33 @@ from .kv_pool import PagedKVPool
 SHORT_CHUNK = 16
 
 
+class PrefillChunk(NamedTuple):
+    """A chunk attended by itself: the step's flat rows [first, stop) are its sequence's
+    positions [start, end), over blocks `table` (its first blocks, up to position end)."""
+    first: int
+    stop: int
+    start: int
+    end: int
+    table: np.ndarray
+
+
+class ShortChunk(NamedTuple):
+    """A decode or verify chunk: `length` flat rows from `row`, its sequence's positions
+    from `start`, over blocks `table`."""
+    row: int
+    start: int
+    length: int
+    table: np.ndarray
+
+
+class DecodeGroup(NamedTuple):
+    """Short chunks of one length attended in one call: their flat rows [b, T], first
+    positions [b], and block tables padded to the longest [b, width]."""
+    rows: np.ndarray
+    positions: np.ndarray
+    tables: np.ndarray
+
+
 class StepCache(CacheProtocol):
     """The cache forward() sees for one step: cache.CacheProtocol's four calls over the
     paged pool."""
@@ -56,8 +85,8 @@ class StepCache(CacheProtocol):
         self.pool = pool
         bs = pool.block_size
         tokens, positions, slots = [], [], []
-        self.prefills = []  # (a, b, start, end, block ids): flat rows a..b-1 are [start, end)
-        short = []  # (flat row, start, length, block ids) of decodes and verify chunks
+        self.prefills: list[PrefillChunk] = []
+        short: list[ShortChunk] = []
         row = 0
         for chunk in chunks:
             seq, start, end = chunk.seq, chunk.start, chunk.end
@@ -68,9 +97,9 @@ class StepCache(CacheProtocol):
             slots.append(table[pos // bs] * bs + pos % bs)
             needed = table[:-(-end // bs)]
             if 0 < start and end - start <= SHORT_CHUNK and not batch_invariant:
-                short.append((row, start, end - start, needed))
+                short.append(ShortChunk(row, start, end - start, needed))
             else:
-                self.prefills.append((row, row + end - start, start, end, needed))
+                self.prefills.append(PrefillChunk(row, row + end - start, start, end, needed))
             row += end - start
         self.n = row
         self.tokens = np.concatenate(tokens).astype(np.int64)[None, :]  # [1, N]
@@ -80,19 +109,19 @@ class StepCache(CacheProtocol):
         # similar context, each padded to its own longest table: one attention call per
         # group, and little padding gathered (rows sorted by blocks; a group ends where the
         # next row needs over 1.5x its first row's blocks).
-        self.decode_groups = []  # (flat rows [b, T], first positions [b], tables [b, width])
-        short.sort(key=lambda d: (d[2], len(d[3])))
+        self.decode_groups: list[DecodeGroup] = []
+        short.sort(key=lambda c: (c.length, len(c.table)))
         while short:
-            length, first = short[0][2], len(short[0][3])
-            size = next((i for i, d in enumerate(short)
-                         if d[2] != length or len(d[3]) > 1.5 * first + 1), len(short))
+            length, first = short[0].length, len(short[0].table)
+            size = next((i for i, c in enumerate(short)
+                         if c.length != length or len(c.table) > 1.5 * first + 1), len(short))
             group, short = short[:size], short[size:]
-            tables = np.zeros((len(group), len(group[-1][3])), dtype=np.int64)  # pad: block 0
-            for i, (_, _, _, table) in enumerate(group):
-                tables[i, :len(table)] = table
-            rows = np.array([d[0] for d in group], dtype=np.int64)[:, None] + np.arange(length)
-            self.decode_groups.append((rows, np.array([d[1] for d in group], dtype=np.int64),
-                                       tables))
+            tables = np.zeros((len(group), len(group[-1].table)), dtype=np.int64)  # pad: block 0
+            for i, chunk in enumerate(group):
+                tables[i, :len(chunk.table)] = chunk.table
+            rows = np.array([c.row for c in group], dtype=np.int64)[:, None] + np.arange(length)
+            self.decode_groups.append(DecodeGroup(
+                rows, np.array([c.start for c in group], dtype=np.int64), tables))
         self.gathered_bytes = 0  # K/V copied by gathers this step, all layers
 
     # ------------------------------------------------------------ what forward() calls
@@ -118,19 +147,20 @@ class StepCache(CacheProtocol):
         self.pool.store(layer, self.slots, k[0], v[0])
         out = np.empty((1, N, H * D), dtype=np.result_type(q.dtype, k.dtype))
         # 2. Prefill chunks, one by one (each is a BLAS-sized product already).
-        for a, b, start, end, table in self.prefills:
-            if start == 0:
-                ks, vs = k[:, a:b], v[:, a:b]
+        for c in self.prefills:
+            if c.start == 0:
+                ks, vs = k[:, c.first:c.stop], v[:, c.first:c.stop]
             else:
-                ks, vs = self._gather(layer, table, end)
-            out[:, a:b] = attention_core(q[:, a:b], ks, vs, start, causal=causal)
+                ks, vs = self._gather(layer, c.table, c.end)
+            out[:, c.first:c.stop] = attention_core(q[:, c.first:c.stop], ks, vs, c.start,
+                                                    causal=causal)
         # 3. Decodes and verify chunks, a group at a time, each row at its own position over
         #    its own blocks.
-        for rows, positions, tables in self.decode_groups:
-            keys, values = self.pool.gather(layer, tables)  # [B, width * bs, G, D]
+        for g in self.decode_groups:
+            keys, values = self.pool.gather(layer, g.tables)  # [B, width * bs, G, D]
             self.gathered_bytes += 2 * keys.nbytes
-            out[0, rows] = attention_core(q[0, rows], keys, values, positions,  # q [B, T, H, D]
-                                          causal=causal)
+            out[0, g.rows] = attention_core(q[0, g.rows], keys, values,  # q [B, T, H, D]
+                                            g.positions, causal=causal)
         return out
 
     def advance(self, new):

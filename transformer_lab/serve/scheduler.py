@@ -150,7 +150,7 @@ class Scheduler:
                 n = 0
             if n:
                 # Drafts may be rejected: only the positions before them are sure to stay.
-                self._scheduled(seq, start, start + n - len(drafts))
+                self.block_manager.register_full_blocks(seq, start + n - len(drafts))
                 chunks.append(ScheduledChunk(seq, start, start + n, drafts))
                 budget -= n
             i += 1
@@ -189,13 +189,10 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             start = seq.num_computed_tokens
-            self._scheduled(seq, start, start + n)
+            self.block_manager.register_full_blocks(seq, start + n)
             chunks.append(ScheduledChunk(seq, start, start + n))
             budget -= n
         return chunks
-
-    def _scheduled(self, seq, start, end):
-        self.block_manager.register_full_blocks(seq, end)
 
     def _preempt(self, seq):
         self.running.remove(seq)
