@@ -1,13 +1,16 @@
 """transformer_lab.structured: outputs held to a regex, a choice or a JSON schema.
 
-    from transformer_lab.structured import compile_regex
+    from transformer_lab.structured import compile_regex, schema_to_regex
     dfa = compile_regex(r"(yes|no)")      # regex.py: parse, NFA, DFA over bytes, minimise
+    dfa = compile_regex(schema_to_regex({"type": "object", ...}))
 
-- utf8.py       code point ranges as UTF-8 byte-range sequences
-- regex.py      the pattern's syntax and its parser; compile_regex
-- automaton.py  Thompson's NFA, subset construction, Moore's minimisation; the DFA
+- utf8.py         code point ranges as UTF-8 byte-range sequences
+- regex.py        the pattern's syntax and its parser; compile_regex
+- automaton.py    Thompson's NFA, subset construction, Moore's minimisation; the DFA
+- json_schema.py  a JSON schema (or any JSON object, json_object_regex) as a regex
 """
 from .automaton import DFA
+from .json_schema import json_object_regex, schema_to_regex
 from .regex import compile_regex
 
-__all__ = ["DFA", "compile_regex"]
+__all__ = ["DFA", "compile_regex", "schema_to_regex", "json_object_regex"]

@@ -140,7 +140,8 @@ class DFA:
         return classes, int(classes.max()) + 1
 
     def __repr__(self):
-        return f"DFA({self.pattern!r}, {self.num_states} states)"
+        shown = self.pattern if len(self.pattern) <= 40 else self.pattern[:37] + "..."
+        return f"DFA({shown!r}, {self.num_states} states)"
 
 
 def byte_classes_of(nfa) -> np.ndarray:
