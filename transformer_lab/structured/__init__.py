@@ -8,9 +8,12 @@
 - regex.py        the pattern's syntax and its parser; compile_regex
 - automaton.py    Thompson's NFA, subset construction, Moore's minimisation; the DFA
 - json_schema.py  a JSON schema (or any JSON object, json_object_regex) as a regex
+- index.py        TokenIndex: per DFA state, the vocabulary's allowed tokens and where
+                  each leads; Guide: one output's walk through it
 """
 from .automaton import DFA
+from .index import Guide, TokenIndex
 from .json_schema import json_object_regex, schema_to_regex
 from .regex import compile_regex
 
-__all__ = ["DFA", "compile_regex", "schema_to_regex", "json_object_regex"]
+__all__ = ["DFA", "TokenIndex", "Guide", "compile_regex", "schema_to_regex", "json_object_regex"]
