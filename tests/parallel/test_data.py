@@ -1,7 +1,8 @@
 """Data parallel through the one train_step: on 1..4 in-process ranks, with ZeRO 0..3, the
 params, loss and grad norm after a few steps equal one process on the same global batches
 (float64 1e-10), batches that do not divide by the ranks included (token-weighted);
-micro-batches and block recompute too; the bytes of a step read from comm.stats (stages
+micro-batches and block recompute too; LoRA's adapters (their grads are what is
+all-reduced); the bytes of a step read from comm.stats (stages
 0-2: 2 (N-1) Psi b summed over the ranks, stage 3 one more all-gather of the blocks and
 one of the ends); buckets, overlap on and off, and the errors."""
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from transformer_lab import AdamW, init_params, llama_config, named_params
 from transformer_lab.parallel import run_ranks
 from transformer_lab.parallel.data import data_parallel, shard_rows
+from transformer_lab.training import LoRA
 from transformer_lab.training.step import train_step
 
 KW = dict(lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
@@ -72,6 +74,36 @@ def test_micro_batches_and_recompute(zero):
     for got, got_history, _, _ in parallel(2, zero, data, micro_batches=2, checkpoint=True):
         for k, a in named_params(want):
             np.testing.assert_allclose(got[k], a, rtol=1e-10, atol=1e-12, err_msg=k)
+        np.testing.assert_allclose(np.array(got_history), np.array(history), rtol=1e-10)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_lora_adapters_equal_one_process(zero):
+    """Data parallel over LoRA: the trainable params are the adapters, so they are what is
+    broadcast, all-reduced (or reduce-scattered) and stepped; the frozen weights never move."""
+    data = batches(3, 6)
+
+    def adapted():
+        params = init_params(CFG, seed=3)
+        lora = LoRA.init(params, CFG, rank=2, alpha=4, targets=LoRA.ALL_LINEAR, seed=1)
+        for _, a in named_params(lora.adapters):
+            a += 0.01  # B starts at zero: make every adapter's grad nonzero from the start
+        return params, lora
+    params, lora = adapted()
+    opt = AdamW(lora.adapters, **KW)
+    history = [train_step(params, CFG, opt, t, y, clip=0.5, lora=lora) for t, y in data]
+
+    def body(comm):
+        p, ranked = adapted()
+        ranked_opt, dp = data_parallel(comm, ranked.adapters, zero, bucket_mb=1e-4, **KW)
+        got = [train_step(p, CFG, ranked_opt, *dp.shard(t, y), clip=0.5, lora=ranked,
+                          grad_sync=dp) for t, y in data]
+        return dict(named_params(ranked.adapters)), got, ranked_opt.state_dict()
+
+    for got, got_history, state in run_ranks(2, body):
+        for k, a in named_params(lora.adapters):
+            np.testing.assert_allclose(got[k], a, rtol=1e-10, atol=1e-14, err_msg=k)
+            np.testing.assert_allclose(state["m"][k], opt.m[k], rtol=1e-9, atol=1e-14)
         np.testing.assert_allclose(np.array(got_history), np.array(history), rtol=1e-10)
 
 

@@ -18,7 +18,14 @@ EXIT_USAGE = 2
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, then exit 2. The line names the problem;
     unless it is about one option's value (argparse then names the option), it also lists
-    the valid options, built from the parser itself so that the list cannot go stale."""
+    the valid options, built from the parser itself so that the list cannot go stale.
+    quiet=True: print nothing, exit alike (the ranks of a data-parallel run but rank 0)."""
+
+    quiet = False
+
+    def _print_message(self, message, file=None):
+        if not self.quiet:
+            super()._print_message(message, file)
 
     def error(self, message):
         if not message.startswith("argument "):

@@ -13,6 +13,9 @@ train.py parses and checks the options (resolve_finetune); this file runs them:
 4. save DIR/model.npz (merged weights, config, tokenizer) and, with --lora,
    DIR/adapter.npz, then score the same sets again, with the engine running the saved
    model.npz alone, and print before beside after.
+
+With --dp (cli/ranks.py) every rank loads the model and trains on its rows of each batch;
+rank 0 alone scores (the others sleep meanwhile), prints and writes the files.
 """
 from __future__ import annotations
 
@@ -21,15 +24,16 @@ import time
 
 import numpy as np
 
-from ..measure import peak_rss_bytes, set_blas_threads
+from ..measure import peak_rss_bytes
 from ..params import named_params
 from ..pretrained.chat_template import stop_token_ids
 from ..pretrained.model_file import (MODEL_FILE, config_to_dict, load_model, save_adapters,
                                      save_model)
 from ..training.chat_tasks import RETENTION, conversation, encode_example, get_chat_task
-from ..training.optim import AdamW, cosine_lr
+from ..training.optim import cosine_lr
 from ..training.step import PROBE_STEPS, plan_steps
 from . import EXIT_INTERRUPTED
+from .ranks import Ranks
 from .train_loop import ADAPTER_FILE, HISTORY, Interrupted, Progress, run_steps, write_json_atomic
 
 SMOLLM2 = "smollm2"  # --init's name for the installed default model
@@ -58,7 +62,8 @@ def _fraction(pair) -> str:
     return f"{right}/{of} ({100 * right / of:.0f} %)"
 
 
-def run_finetune(args, parser) -> int:
+def run_finetune(args, parser, ranks=None) -> int:
+    ranks = ranks or Ranks()
     try:
         cfg, params, tokenizer = load_init(args.init)
         stop_token_ids(tokenizer)  # the tasks are written in this chat template
@@ -71,13 +76,13 @@ def run_finetune(args, parser) -> int:
         parser.usage_error(f"--init {args.init}: its context of {cfg.max_seq} tokens is too "
                            f"short for {args.task}'s conversations ({longest} tokens and "
                            f"{task.max_new_tokens} to answer)")
-    if args.threads is not None:
-        set_blas_threads(args.threads)
+    ranks.set_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     budget = None if args.minutes is None else 60.0 * args.minutes
     total = args.steps
     # Until the first plan, a --minutes run's bar counts to the end of its probe.
-    progress = Progress(0, total if budget is None else max(PROBE_STEPS, args.warmup + 1))
+    progress = Progress(0, total if budget is None else max(PROBE_STEPS, args.warmup + 1),
+                        quiet=not ranks.root)
     say = progress.print
 
     n_params = sum(a.size for _, a in named_params(params))
@@ -86,13 +91,14 @@ def run_finetune(args, parser) -> int:
         f"{n_params:,} params, {np.dtype(cfg.dtype).name}")
 
     before = None
-    if heldout:
+    if heldout and ranks.root:
         say(f"scoring the base model on {len(heldout)} held-out examples and "
             f"{len(RETENTION)} retention questions ...")
         start = time.perf_counter()
         from ..serve.llm import LLM
         before = task.evaluate(engine_replies(LLM.from_params(cfg, params, tokenizer)), heldout)
         say(f"  {time.perf_counter() - start:.0f} s")
+    ranks.wait_for_rank_0()
 
     lora = None
     if args.lora:
@@ -103,13 +109,15 @@ def run_finetune(args, parser) -> int:
     else:
         trainable = params
     n_train = sum(a.size for _, a in named_params(trainable))
-    opt = AdamW(trainable, lr=args.lr, weight_decay=args.weight_decay)
+    opt, sync = ranks.optimizer(trainable, lr=args.lr, weight_decay=args.weight_decay)
     rng = np.random.default_rng(args.seed)
     say(f"training {'LoRA rank %d (alpha %g) on every linear layer' % (args.lora, args.lora_alpha) if lora else 'every weight (full fine-tune)'}: "
         f"{n_train:,} trainable params; batch {args.batch}, lr {args.lr:g}"
         + (", activation checkpointing" if args.checkpoint else "")
         + (f", {args.micro_batches} micro-batches" if args.micro_batches > 1 else "")
         + (f"; {args.minutes:g} minutes" if budget else f"; {total} steps"))
+    if ranks.dp:
+        say(ranks.describe(args.batch))
 
     def replan(step, elapsed, first_seconds):  # --minutes: the steps, and so the schedule
         total = plan_steps(step, elapsed, first_seconds, budget, args.steps)
@@ -119,19 +127,23 @@ def run_finetune(args, parser) -> int:
 
     history = []
     with progress:
-        with Interrupted() as stop:
+        with Interrupted() as ctrl_c:
+            stop = ranks.stop(ctrl_c)
             step, ok = run_steps(
                 params, cfg, opt, lambda: task.batch(tokenizer, args.batch, rng),
                 lambda step, total: cosine_lr(step, max_lr=args.lr, warmup=args.warmup,
                                               total=total, min_lr=args.min_lr),
                 step=0, total=total, progress=progress, stop=stop, history=history,
                 budget=budget, replan=replan, clip=args.clip, lora=lora,
-                checkpoint=args.checkpoint, micro_batches=args.micro_batches)
+                checkpoint=args.checkpoint, micro_batches=args.micro_batches, grad_sync=sync)
             if not ok:
                 return 1
             train_seconds = history[-1]["elapsed"] if history else 0.0
             # Still inside Interrupted: a Ctrl-C now waits for the files to be written whole.
-            merged = lora.merge(params) if lora else params
+            merged = lora.merge(params) if lora else ranks.whole(opt, params)
+            interrupted = stop.requested
+            if not ranks.root:  # rank 0 writes the files and scores the model alone
+                return EXIT_INTERRUPTED if interrupted and history else 0
             info = {"task": task.name, "init": args.init, "lora": args.lora,
                     "lora_alpha": args.lora_alpha, "steps": step, "batch": args.batch,
                     "lr": args.lr, "seconds": train_seconds, "seed": args.seed}
@@ -139,7 +151,6 @@ def run_finetune(args, parser) -> int:
             if lora:
                 save_adapters(args.out / ADAPTER_FILE, lora.adapters, cfg, rank=lora.rank,
                               alpha=lora.alpha, targets=lora.targets, fine_tune=info)
-            interrupted = stop.requested
     files = f"{args.out / MODEL_FILE}" + (f" and {args.out / ADAPTER_FILE}" if lora else "")
     if not history:
         say(f"no step fitted in --minutes {args.minutes:g}; saved the model unchanged to {files}")

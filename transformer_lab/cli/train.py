@@ -30,9 +30,14 @@ serving engine. DIR/model.npz holds the merged weights, the config and the token
 DIR/adapter.npz holds the adapters alone. Ctrl-C stops after the current step and
 saves the model trained so far (every file is written atomically).
 
+Data parallel (cli/ranks.py): `mpiexec -n 2 python -m transformer_lab.train ... --dp 2`
+runs the same steps on 2 ranks, each on its share of every batch's rows, --zero 1|2|3
+shards the optimizer state, the grads and the params over them, and --ranks 2 starts the
+mpiexec itself. Rank 0 prints and writes the same files as one process.
+
 Exit codes: 0 done, 1 a data file or checkpoint could not be read or the loss
-became non-finite, 2 bad command-line options (or an --init that is not a model),
-130 interrupted.
+became non-finite (or, under --dp, a rank failed), 2 bad command-line options (or an
+--init that is not a model), 130 interrupted.
 """
 from __future__ import annotations
 
@@ -50,10 +55,12 @@ from ..generation import sample_next
 from ..model import forward
 from ..params import init_params, named_params
 from ..training.mixed import PRECISIONS, make_precision
-from ..training.optim import AdamW, cosine_lr
+from ..training.optim import cosine_lr
 from ..training.tasks import TASKS, get_task
 from ..training.chat_tasks import CHAT_TASKS
 from .finetune import run_finetune
+from .ranks import Ranks, add_options as add_parallel_options, check_run, quiet_unless_rank_0
+from .ranks import relaunch, resolve as resolve_ranks
 from .train_loop import HISTORY, Interrupted, Progress, run_steps, write_json_atomic
 
 PROG = "python -m transformer_lab.train"
@@ -159,6 +166,7 @@ def build_parser():
     ft.add_argument("--eval", metavar="N", type=int_at_least(0),
                     help=f"held-out examples scored before and after (default "
                          f"{FINETUNE['eval']}; 0: no evaluation)")
+    add_parallel_options(p)
     p.add_argument("--quick", action="store_true",
                    help=f"a tiny run: {QUICK['steps']} steps, batch {QUICK['batch']}, "
                         f"d_model {QUICK['d_model']}, {QUICK['heads']} heads, short rows")
@@ -267,9 +275,15 @@ def build_task(opts):
 
 # ---------------------------------------------------------------- files
 
-def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts, scaler=None):
+def save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts, scaler=None,
+             root=True):
+    """The checkpoint and history.json. params: whole (Ranks.whole). Under data parallel
+    every rank calls it (ZeRO gathers the optimizer's moments) and rank 0 alone writes."""
+    state = opt.state_dict()
+    if not root:
+        return
     extra = {} if scaler is None else {"loss_scaler": scaler.state_dict()}
-    save_checkpoint(args.out / CHECKPOINT, params, cfg, step=step, optimizer=opt.state_dict(),
+    save_checkpoint(args.out / CHECKPOINT, params, cfg, step=step, optimizer=state,
                     rng=rng.bit_generator.state, history=history, options=run_opts,
                     task=task_opts, **extra)
     write_json_atomic(args.out / HISTORY, {
@@ -327,20 +341,26 @@ def show_samples(task, params, cfg, n, seed, printer):
 
 # ---------------------------------------------------------------- the run
 
-def run(args, parser, given=frozenset()) -> int:
+def run(args, parser, given=frozenset(), ranks=None) -> int:
     """The training run for resolved args; `given` holds the dests of the options that were
-    set on the command line (parser.given), which --resume may not or may change."""
+    set on the command line (parser.given), which --resume may not or may change. ranks:
+    this process's part of a data-parallel run (cli/ranks.py; default one process). Every
+    rank reads the same files (a --resume checkpoint) and draws the same batches."""
+    ranks = ranks or Ranks()
+
+    def complain(text):
+        if ranks.root:
+            print(text, file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / CHECKPOINT
     if args.resume:
         try:
             cfg, params, extra = load_checkpoint(path)
         except FileNotFoundError:
-            print(f"error: --resume: no checkpoint at {path}; train without --resume first",
-                  file=sys.stderr)
+            complain(f"error: --resume: no checkpoint at {path}; train without --resume first")
             return 1
         except ValueError as exc:
-            print(f"error: --resume: {exc}", file=sys.stderr)
+            complain(f"error: --resume: {exc}")
             return 1
         task_opts = extra["task"]
         if task_opts["name"] != args.task:
@@ -364,11 +384,12 @@ def run(args, parser, given=frozenset()) -> int:
         if step >= run_opts["steps"]:
             parser.usage_error(f"--resume: {path} is already at step {step} of "
                                f"{run_opts['steps']}; give a larger --steps")
+        check_run(parser, args.dp, batch=run_opts["batch"], precision=run_opts["precision"])
         rng = np.random.default_rng()
         rng.bit_generator.state = extra["rng"]
-        opt = AdamW(params)
-        opt.load_state_dict(extra["optimizer"])
-        opt.weight_decay = run_opts["weight_decay"]
+        state = dict(extra["optimizer"], weight_decay=run_opts["weight_decay"])
+        opt, sync = ranks.optimizer(params, betas=tuple(state["betas"]))
+        opt.load_state_dict(state)
     else:
         task_opts = task_options(args)
         run_opts = {k: getattr(args, k) for k in
@@ -379,23 +400,24 @@ def run(args, parser, given=frozenset()) -> int:
     try:
         task = build_task(task_opts)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        complain(f"error: {exc}")
         return 1
     if not args.resume:
         cfg = make_config(task, args.arch, args.d_model, args.layers, args.heads)
         params = init_params(cfg, seed=args.seed)
-        opt = AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+        opt, sync = ranks.optimizer(params, lr=args.lr, betas=(0.9, 0.95),
+                                    weight_decay=args.weight_decay)
         rng = np.random.default_rng(args.seed)
     precision = make_precision(run_opts["precision"])
     if args.resume and precision.scaler is not None and "loss_scaler" in extra:
         precision.scaler.load_state_dict(extra["loss_scaler"])
     total = run_opts["steps"]
     n_params = sum(a.size for _, a in named_params(params))
-    threads = args.threads or (1 if cfg.d_model < MANY_THREADS_FROM else None)
+    threads = args.threads or (1 if cfg.d_model < MANY_THREADS_FROM else ranks.blas_threads())
     if threads is not None:
         set_blas_threads(threads)
 
-    with Progress(step, total) as progress:
+    with Progress(step, total, quiet=not ranks.root) as progress:
         progress.print(f"{task.name}: {task.description}")
         progress.print(f"model: {run_opts['arch']}, d_model {cfg.d_model}, {cfg.n_layers} layers, "
                        f"{cfg.n_heads} heads, vocab {cfg.vocab}, {n_params:,} params, "
@@ -403,28 +425,36 @@ def run(args, parser, given=frozenset()) -> int:
                        f"batch {run_opts['batch']} x {task.seq} tokens; "
                        f"BLAS threads {threads or 'default'}"
                        + (f"; resuming at step {step}" if step else ""))
-        with Interrupted() as stop:
+        if ranks.dp:
+            progress.print(ranks.describe(run_opts["batch"]))
+        with Interrupted() as ctrl_c:
+            stop = ranks.stop(ctrl_c)
+
             def save_every(step):
                 if args.save_every and step % args.save_every == 0 and step < total:
-                    save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts,
-                             precision.scaler)
+                    save_run(args, ranks.whole(opt, params), cfg, opt, rng, step, history,
+                             run_opts, task_opts, precision.scaler, root=ranks.root)
             step, ok = run_steps(
                 params, cfg, opt, lambda: task.batch(run_opts["batch"], rng),
                 lambda step, total: cosine_lr(step, max_lr=run_opts["lr"],
                                               warmup=run_opts["warmup"], total=total,
                                               min_lr=run_opts["min_lr"]),
                 step=step, total=total, progress=progress, stop=stop, history=history,
-                after_step=save_every, clip=run_opts["clip"], precision=precision)
+                after_step=save_every, clip=run_opts["clip"], grad_sync=sync,
+                precision=precision)
             if not ok:
                 return 1
             # Still inside Interrupted: a Ctrl-C now waits for the save to finish.
+            params = ranks.whole(opt, params)
             save_run(args, params, cfg, opt, rng, step, history, run_opts, task_opts,
-                     precision.scaler)
-            interrupted = stop.requested
-    if interrupted:
-        print(f"interrupted: saved step {step} of {total} to {path}; continue with "
-              f"--resume --out {args.out}", file=sys.stderr)
+                     precision.scaler, root=ranks.root)
+            stopped = stop.requested
+    if stopped:
+        complain(f"interrupted: saved step {step} of {total} to {path}; continue with "
+                 f"--resume --out {args.out}")
         return EXIT_INTERRUPTED
+    if not ranks.root:
+        return 0
 
     recent = history[-min(len(history), 20):]
     first = history[0]["loss"]
@@ -448,13 +478,22 @@ def run(args, parser, given=frozenset()) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    quiet_unless_rank_0(parser)
     args = parser.parse_args(argv)
     given = parser.given(argv)
     args = resolve(args, parser, given)
+    resolve_ranks(args, parser)
+    if not args.resume:
+        check_run(parser, args.dp, batch=args.batch, micro_batches=args.micro_batches,
+                  precision=args.precision, lora=args.lora, zero=args.zero)
+    if args.relaunch:
+        return relaunch(args.relaunch, argv)
     try:
-        if args.init is not None:
-            return run_finetune(args, parser)
-        return run(args, parser, given)
+        ranks = Ranks(args.dp, args.zero)
+        with ranks.ending():
+            if args.init is not None:
+                return run_finetune(args, parser, ranks)
+            return run(args, parser, given, ranks)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

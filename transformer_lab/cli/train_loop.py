@@ -22,22 +22,28 @@ clock = time.perf_counter  # the training loop's clock (a test may replace it)
 # ---------------------------------------------------------------- the loop
 
 def run_steps(params, cfg: Config, opt, batch, lr_at, *, step, total, progress, stop, history,
-              budget=None, replan=None, after_step=None, **step_options):
+              budget=None, replan=None, after_step=None, grad_sync=None, **step_options):
     """The one training loop of both commands (nanoGPT's): a batch, the learning rate, one
     train_step, a row of history and progress, until `total` steps, a Ctrl-C (`stop`) or
     `budget` seconds. batch() -> (tokens, targets); lr_at(step, total) -> the lr. A budget
     run re-plans its total after every step from PROBE_STEPS on: replan(step, elapsed,
     first_seconds). after_step(step): a periodic checkpoint. Returns (step, ok); ok is False
-    (and the loss is reported) when the loss or the grad norm became non-finite."""
+    (and the loss is reported) when the loss or the grad norm became non-finite.
+
+    grad_sync: data parallel (cli/ranks.py): batch() gives the global batch, this rank
+    trains on its rows, and stop.settle(elapsed) makes the stop and the clock every rank's
+    (Interrupted.settle returns the elapsed seconds as they are)."""
     precision = step_options.get("precision")
     first_seconds, t0 = 0.0, clock()
-    while step < total and not stop.requested:
-        if budget is not None and clock() - t0 >= budget:
+    while step < total:
+        now = stop.settle(clock() - t0)
+        if stop.requested or budget is not None and now >= budget:
             break
         tokens, targets = batch()
         opt.lr = lr_at(step, total)
         start = clock()
-        loss, norm = train_step(params, cfg, opt, tokens, targets, **step_options)
+        mine = (tokens, targets) if grad_sync is None else grad_sync.shard(tokens, targets)
+        loss, norm = train_step(params, cfg, opt, *mine, grad_sync=grad_sync, **step_options)
         seconds = clock() - start
         if precision is not None and precision.skipped_last:  # fp16's loss scaler skipped it
             norm = None
@@ -46,7 +52,7 @@ def run_steps(params, cfg: Config, opt, batch, lr_at, *, step, total, progress, 
                            f"{step + 1}; nothing was saved. Try a lower --lr.")
             return step, False
         step += 1
-        elapsed = clock() - t0
+        elapsed = stop.settle(clock() - t0)
         first_seconds = elapsed if step == 1 else first_seconds
         row = {"step": step, "loss": loss, "grad_norm": norm, "lr": opt.lr, "seconds": seconds,
                "tokens_per_s": tokens.size / seconds,
@@ -66,8 +72,9 @@ def run_steps(params, cfg: Config, opt, batch, lr_at, *, step, total, progress, 
 class Progress:
     """A rich progress bar on a terminal; plain lines, about ten per run, otherwise."""
 
-    def __init__(self, first, total):
+    def __init__(self, first, total, quiet=False):
         from rich.console import Console
+        self.quiet = quiet  # the ranks of a data-parallel run but rank 0: nothing shown
         options = {"highlight": False}
         if os.environ.get("NO_COLOR"):
             options["color_system"] = None  # no escape codes for colour or style at all
@@ -76,7 +83,7 @@ class Progress:
         self.recent = collections.deque(maxlen=10)  # (tokens, seconds) of the last steps
         self.every = max(1, (total - first) // 10)
         self.bar = None
-        if self.console.is_terminal:
+        if self.console.is_terminal and not quiet:
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
             from rich.progress import Progress as RichProgress
             # Fits 80 columns up to 99,999 steps: step n/N, a short bar, the figures, time left.
@@ -96,6 +103,8 @@ class Progress:
             self.bar.stop()
 
     def print(self, text):
+        if self.quiet:
+            return
         # On a terminal, wrap at word boundaries (not mid-word at the edge); on a pipe, one
         # line per message, whatever its length, for whoever reads it.
         self.console.print(text, markup=False, highlight=False,
@@ -109,6 +118,8 @@ class Progress:
             self.bar.update(self.task, total=total)
 
     def update(self, row):
+        if self.quiet:
+            return
         self.recent.append((row["tokens_per_s"] * row["seconds"], row["seconds"]))
         rate = sum(t for t, _ in self.recent) / sum(s for _, s in self.recent)  # last 10 steps
         norm = "skip" if row["grad_norm"] is None else f"{row['grad_norm']:.2f}"  # loss scaler
@@ -139,6 +150,10 @@ class Interrupted:
     def __enter__(self):
         self.previous = signal.signal(signal.SIGINT, self.handle)
         return self
+
+    def settle(self, elapsed):
+        """One process's stop and clock are its own (see cli/ranks.py's AgreedStop)."""
+        return elapsed
 
     def handle(self, signum, frame):
         self.requested = True

@@ -19,6 +19,7 @@ Every call takes arrays and returns new arrays (the input is never changed):
     all_to_all(x)               part j of x (array_split, or a list of `size` arrays) goes
                                 to rank j; what came from each rank, in rank order
     barrier(), split(color, key)
+    idle_barrier()              a barrier that sleeps while it waits (MPI's spins a core)
 
 Before each call the ranks exchange a small header (which call, dtype, shape), so
 mismatched shapes, dtypes or calls are a CollectiveMismatch on every rank, not a hang or
@@ -211,6 +212,11 @@ class Comm:
     def barrier(self):
         self._exchange("barrier", None)
         self._count("barrier", 0)
+
+    def idle_barrier(self, poll_s=0.05):
+        """barrier() for ranks that wait while rank 0 works alone; MPIComm's sleeps while
+        it waits instead of spinning a core."""
+        self.barrier()
 
     def sendrecv(self, x, dest, source):
         dest = self._check_peer("sendrecv", dest, "dest")
@@ -576,6 +582,15 @@ class MPIComm(Comm):
         self._headers("barrier", None)  # the header exchange is itself a barrier
         self._count("barrier", 0)
 
+    def idle_barrier(self, poll_s=0.05):
+        """A barrier that sleeps while it waits: for ranks that wait while rank 0 works
+        alone (a blocking MPI call spins a core the whole time it waits). MPI's Ibarrier,
+        tested every poll_s seconds, then the checked barrier."""
+        request = self._comm.Ibarrier()
+        while not request.Test():
+            time.sleep(poll_s)
+        self.barrier()
+
     def _send(self, a, dest, call):
         self._comm.Send(_encode(call, a), dest=dest, tag=1)
         self._comm.Send(a, dest=dest, tag=2)
@@ -617,6 +632,8 @@ class MPIComm(Comm):
         sys.stderr.write(message.rstrip("\n") + "\n")
         sys.stderr.flush()
         time.sleep(0.3)  # mpiexec forwards the line before the abort tears the job down
+        with contextlib.suppress(OSError):  # MPICH's own "Abort(1) on node ..." says it again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
         self._comm.Abort(code)
 
 
@@ -630,6 +647,16 @@ def launched_size() -> int:
         if value.isdigit():
             return int(value)
     return 1
+
+
+def launched_rank() -> int:
+    """This process's rank among them (0 when not under mpiexec), from the same environment:
+    what a command reads before MPI starts, so that only rank 0 reports a usage error."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MPI_LOCALRANKID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def single() -> ThreadComm:
