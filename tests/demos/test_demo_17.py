@@ -28,6 +28,15 @@ def test_quick_trains_the_stand_in_on_one_batch(result):
     assert result["lora_params"] < result["params"]
 
 
+def test_quick_times_adamw_on_block_0_and_says_so(result):
+    n = lambda tree: sum(a.size for _, a in D17.named_params(tree))  # noqa: E731
+    params = D17.init_params(D17.STAND_IN, seed=D17.SEED)
+    assert result["adamw_share"] == n({"blocks": params["blocks"][:1]}) / n(params) < 1
+    assert "AdamW's update timed over block 0 alone" in flat(rendered_text(D17, result, "en"))
+    full = dict(result, adamw_share=1.0)  # the full run times the whole step
+    assert "--quick holds no full AdamW state" not in flat(rendered_text(D17, full, "en"))
+
+
 def test_the_engine_answers_from_the_saved_model(result):
     assert len(result["heldout"]) == D17.QUICK_SHOWN
     for x in result["heldout"]:
