@@ -98,15 +98,28 @@ def draw(p, rng):
 
 
 def sample_next(logits, *, greedy=False, temperature=1.0, top_k=None, top_p=1.0, min_p=0.0,
-                rng=None):
+                rng=None, allowed=None):
     """Pick the next token per row of logits [B, vocab]: argmax, or a sample from
     next_token_probs (temperature, then top-k, top-p and min-p).
+
+    allowed [B, vocab] (bool), if given, masks the rest to -inf before all of those: how a
+    structured output (a regex's token index) keeps the text valid. The sampler then draws
+    from the model's distribution renormalised over the allowed tokens.
 
     A sampled token always has probability > 0, however the uniform draw falls.
     """
     logits = np.asarray(logits)
     if logits.ndim != 2 or logits.shape[-1] == 0:
         raise ValueError(f"sample_next expects logits [B, vocab], got shape {logits.shape}")
+    if allowed is not None:
+        allowed = np.asarray(allowed)
+        if allowed.shape != logits.shape or allowed.dtype != np.bool_:
+            raise ValueError(f"sample_next: allowed must be a bool array of the logits' shape "
+                             f"{logits.shape}, got {allowed.dtype} {allowed.shape}")
+        if not allowed.any(axis=-1).all():
+            raise ValueError(f"sample_next: allowed row {int(np.argmin(allowed.any(axis=-1)))} "
+                             f"allows no token")
+        logits = np.where(allowed, logits, -np.inf)
     _check_sampling(greedy, temperature, top_k, logits.shape[-1], top_p=top_p, min_p=min_p)
     if greedy or temperature == 0:
         return np.argmax(logits, axis=-1)

@@ -38,6 +38,9 @@ The design, one job per file (after nano-vllm's layout, our own code):
                   outputs in prompt order with vLLM's metrics; chat() and chat_params()
                   (the chat template's stop ids, the server's too); a progress bar.
 - step_stats.py   StepRecorder: the step log and the token counters stats() reports.
+- structured_outputs.py  StructuredOutputsParams (vLLM's json=, regex=, choice=,
+                  json_object=): each such request's Sequence walks a structured.Guide
+                  and its logits are masked to the tokens that keep the output valid.
 
 The OpenAI-compatible server (python -m transformer_lab.serve), one job per file too:
 
@@ -69,6 +72,7 @@ drive the engine one step at a time.
 from .llm import (DEFAULT_KV_CACHE_MEMORY, LLM, CompletionOutput, RequestMetrics, RequestOutput,
                   StepRecord, chat_prompt)
 from .sampling_params import SamplingParams
+from .structured_outputs import StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
            "StepRecord", "chat_prompt", "DEFAULT_KV_CACHE_MEMORY"]

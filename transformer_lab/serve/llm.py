@@ -27,6 +27,7 @@ from ..params import PACKED_MODULES_BY_KEYS as PACKED_KEYS, PackedGroup, check_p
 from ..pretrained.chat_template import apply_chat_template, stop_token_ids
 from ..validate import check_int
 from ..speculative import Sampler, accept
+from ..structured import Guide, TokenIndex, compile_regex
 from .block_manager import BlockManager
 from .kv_pool import PagedKVPool, check_kv_cache_dtype
 from .model_runner import ModelRunner
@@ -205,6 +206,7 @@ class LLM:
         self.invariant_rows = (invariant_block_rows(product_weights(params, cfg), INVARIANT_ROWS)
                                if self.batch_invariant else None)
         self.recorder = StepRecorder(self.block_size)
+        self._constraints = {}  # (constraint, end ids) -> its TokenIndex, compiled once
         self._next_index = 0
         self.reset_stats()
 
@@ -270,6 +272,11 @@ class LLM:
         problem = params.problem(self.cfg.vocab)
         if problem:
             raise ValueError(f"request {index}: bad SamplingParams: {problem}")
+        if params.structured_outputs is not None:
+            try:
+                self.constraint_index(params)
+            except ValueError as exc:
+                raise ValueError(f"request {index}: structured_outputs: {exc}") from None
         total = len(ids) + params.max_tokens
         if total > self.cfg.max_seq:
             raise ValueError(f"request {index}: prompt ({len(ids)} tokens) + max_tokens "
@@ -310,9 +317,25 @@ class LLM:
 
     def _add(self, text, ids, params, arrival):
         seq = Sequence(self._next_index, ids, params, arrival_time=arrival, prompt=text)
+        if params.structured_outputs is not None:
+            seq.guide = Guide(self.constraint_index(params))
         self._next_index += 1
         self.scheduler.add(seq)
         return seq
+
+    def constraint_index(self, params) -> TokenIndex:
+        """The TokenIndex of params.structured_outputs, compiled the first time it is asked
+        for (ValueError naming a bad schema or regex). The output may end with the
+        tokenizer's eos or any of params.stop_token_ids."""
+        if self.tokenizer is None:
+            raise ValueError("structured outputs need a tokenizer; this LLM has none")
+        eos = self.tokenizer.eos_id
+        ends = tuple(sorted(set(params.stop_token_ids) | ({eos} if eos is not None else set())))
+        key = (params.structured_outputs.key(), ends)
+        if key not in self._constraints:
+            dfa = compile_regex(params.structured_outputs.to_regex())
+            self._constraints[key] = TokenIndex(dfa, self.tokenizer, eos_ids=ends)
+        return self._constraints[key]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -360,6 +383,8 @@ class LLM:
             seq, j = chunk.seq, len(chunk.drafts)
             rows = logits[row:row + j + 1]
             self._check_finite(seq, rows)
+            if seq.guide is not None:
+                rows = self._constrained(seq, rows, chunk.drafts)
             if j:
                 a, token = accept(rows, chunk.drafts, None, self._sampler(seq))
                 tokens.append([*chunk.drafts[:a], token])
@@ -367,6 +392,23 @@ class LLM:
                 tokens.append([self._sampler(seq).pick(rows[0])[0]])
             row += j + 1
         return tokens
+
+    @staticmethod
+    def _constrained(seq, rows, drafts):
+        """rows [1 + j, V] with every token seq's constraint forbids at -inf (before the
+        sampler's temperature, top-k, top-p and min-p): row i in the state after the output
+        and drafts[:i]. A forbidden draft is then rejected by the row before it, as if the
+        target had; the rows after it are never read."""
+        index = seq.guide.index
+        state = seq.guide.state_after(seq.output_token_ids)
+        if state is None:
+            raise RuntimeError(f"request {seq.index}: its output left its constraint")
+        keep = np.zeros(rows.shape, dtype=bool)  # [1 + j, V]; a model's vocab may be padded
+        for i in range(len(rows)):
+            keep[i, :index.vocab] = index.mask(state)
+            if i < len(drafts) and keep[i, drafts[i]]:
+                state = index.next_state(state, drafts[i])
+        return np.where(keep, rows, -np.inf)
 
     def _sampler(self, seq) -> Sampler:
         """How seq's verify pass picks (the single-sequence path's Sampler, seq's generator)."""

@@ -5,6 +5,8 @@ vLLM's is 1.0) and max_tokens 64 (vLLM's is 16). top_k None disables top-k; vLLM
 spellings of "disabled", 0 and -1, are taken too, so a vLLM script runs unchanged.
 top_p and min_p are vLLM's and HF's, applied after temperature and top-k in HF's order
 (generation.next_token_probs, which also states the rule for a tie at the nucleus's edge).
+structured_outputs (a StructuredOutputsParams) holds the output to a schema, a regex or a
+choice: the tokens that could not continue it are masked before all of those.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..validate import check_number, is_int
+from .structured_outputs import StructuredOutputsParams
 
 _BOOL = (bool, np.bool_)
 
@@ -27,6 +30,7 @@ class SamplingParams:
     seed: int | None = None  # the request's own generator; None: fresh entropy
     ignore_eos: bool = False  # keep going past the tokenizer's end-of-sequence token
     stop_token_ids: tuple = ()  # more ids that finish the request with "stop"
+    structured_outputs: StructuredOutputsParams | None = None  # a schema, regex or choice
 
     def __post_init__(self):
         problem = self.problem()
@@ -70,4 +74,8 @@ class SamplingParams:
             if not is_int(t) or t < 0 or (vocab is not None and t >= vocab):
                 bound = "" if vocab is None else f" below the vocabulary size {vocab}"
                 return f"stop_token_ids must hold ints >= 0{bound}, got {t!r}"
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            return (f"structured_outputs must be a StructuredOutputsParams, got "
+                    f"{type(so).__name__}")
         return None

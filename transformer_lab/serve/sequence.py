@@ -27,6 +27,7 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.params = params  # its SamplingParams
         self.rng = np.random.default_rng(params.seed)  # its own: batch-mates never draw from it
+        self.guide = None  # a structured.Guide when the output is held to a constraint
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.block_hashes: list[bytes] = []  # chain hashes of its first full blocks, in order
