@@ -229,43 +229,54 @@ def verdict(mla, mha):
     return "better" if mla["mean"] < mha["mean"] else "worse"
 
 
-def observations(result, lang):
-    t = TEXT[lang]
+def findings(result):
+    """The facts the observations state, from the computed result."""
     b, a, r, tr = result["build"], result["absorb"], result["rope"], result["train"]
-    items = [t["obs_cache"].format(vals=b["values_per_layer"],
-                                   x=_x(b["mha_values_per_layer"] / b["values_per_layer"]))]
     n, ab = a["paths"]["naive"], a["paths"]["absorbed"]
-    items.append(t["obs_absorb"].format(d=fmt_float(max(a["diff"], a["diff_rows"])),
-                                        S=f"{a['context']:,}", fx=_x(n["flops"] / ab["flops"]),
-                                        bx=_x(n["bytes"] / ab["bytes"]),
-                                        tx=_x(n["time"] / ab["time"])))
     gaps = r["by_gap"]
-    mid = next(g for g in gaps if g["gap"] >= PLATEAU_GAP // 4)
-    plateau = [g["error"] for g in gaps if g["gap"] >= PLATEAU_GAP]
-    items.append(t["obs_rope"].format(e0=fmt_float(gaps[0]["error"]), g1=gaps[1]["gap"],
-                                      e1=f"{gaps[1]['error']:.3f}", gm=mid["gap"],
-                                      em=f"{mid['error']:.3f}", gp=PLATEAU_GAP,
-                                      plateau=f"{np.mean(plateau):.2f}",
-                                      d=fmt_float(r["decoupled_diff"]), r=r["rope"]))
     rows = {row["design"]: row for row in tr["rows"]}
-    order = sorted(tr["rows"], key=lambda row: row["mean"])
+    mha, mla = rows["MHA"], rows["MLA"]
+    same = [d for d, row in rows.items() if d != "MHA" and verdict(row, mha) == "same"]
+    return {"cache_ratio": b["mha_values_per_layer"] / b["values_per_layer"],
+            "absorb_diff": max(a["diff"], a["diff_rows"]),
+            "naive_over_absorbed": {k: n[k] / ab[k] for k in ("flops", "bytes", "time")},
+            "rope_gap1": gaps[1], "rope_mid": next(g for g in gaps if g["gap"] >= PLATEAU_GAP // 4),
+            "rope_plateau": float(np.mean([g["error"] for g in gaps if g["gap"] >= PLATEAU_GAP])),
+            "by_loss": sorted(rows, key=lambda d: rows[d]["mean"]),
+            "by_bytes": sorted(rows, key=lambda d: -rows[d]["cache_bytes"]),
+            "same_as_mha": same,
+            "noise": max(max(rows[d]["std"], mha["std"]) for d in same) if same
+            else max(row["std"] for row in tr["rows"]),
+            "mla_share": mla["cache_bytes"] / mha["cache_bytes"], "verdict": verdict(mla, mha)}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    b, r, tr = result["build"], result["rope"], result["train"]
+    rows = {row["design"]: row for row in tr["rows"]}
+    x = f["naive_over_absorbed"]
+    items = [t["obs_cache"].format(vals=b["values_per_layer"], x=_x(f["cache_ratio"])),
+             t["obs_absorb"].format(d=fmt_float(f["absorb_diff"]),
+                                    S=f"{result['absorb']['context']:,}", fx=_x(x["flops"]),
+                                    bx=_x(x["bytes"]), tx=_x(x["time"]))]
+    g1, mid = f["rope_gap1"], f["rope_mid"]
+    items.append(t["obs_rope"].format(e0=fmt_float(r["by_gap"][0]["error"]), g1=g1["gap"],
+                                      e1=f"{g1['error']:.3f}", gm=mid["gap"],
+                                      em=f"{mid['error']:.3f}", gp=PLATEAU_GAP,
+                                      plateau=f"{f['rope_plateau']:.2f}",
+                                      d=fmt_float(r["decoupled_diff"]), r=r["rope"]))
     items.append(t["obs_rank"].format(n=tr["steps"], order=" < ".join(
-        f"{row['design']} {row['mean']:.3f}" for row in order)))
-    mha = rows["MHA"]
-    same = [row for row in tr["rows"] if row["design"] != "MHA" and verdict(row, mha) == "same"]
+        f"{d} {rows[d]['mean']:.3f}" for d in f["by_loss"])))
     sep = "、" if lang == "zh" else ", "
-    if same:
-        items.append(t["obs_noise"].format(
-            names=sep.join(row["design"] for row in same),
-            s=f"{max(max(row['std'], mha['std']) for row in same):.3f}"))
+    if f["same_as_mha"]:
+        items.append(t["obs_noise"].format(names=sep.join(f["same_as_mha"]),
+                                           s=f"{f['noise']:.3f}"))
     else:
-        items.append(t["obs_noise_none"].format(s=f"{max(row['std'] for row in tr['rows']):.3f}"))
-    mla = rows["MLA"]
-    by_bytes = sorted(tr["rows"], key=lambda row: -row["cache_bytes"])
+        items.append(t["obs_noise_none"].format(s=f"{f['noise']:.3f}"))
     items.append(t["obs_bytes"].format(
-        order=" > ".join(f"{row['design']} {row['cache_bytes']}" for row in by_bytes),
-        share=f"{mla['cache_bytes'] / mha['cache_bytes']:.0%}", lm=_loss(mla), lh=_loss(mha),
-        verdict=t["v_" + verdict(mla, mha)]))
+        order=" > ".join(f"{d} {rows[d]['cache_bytes']}" for d in f["by_bytes"]),
+        share=f"{f['mla_share']:.0%}", lm=_loss(rows["MLA"]), lh=_loss(rows["MHA"]),
+        verdict=t["v_" + f["verdict"]]))
     return items
 
 
