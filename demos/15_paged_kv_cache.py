@@ -270,33 +270,50 @@ def render(result, lang="zh"):
                   pre[k]["steps"], "" if k == "big" else t["yes" if not pre["differ"] else "no"]]
                  for k in ("small", "big")])
 
-    paged = fit["paged"]
-    fit_pre = t["obs_fit_pre"].format(p=paged["preemptions"]) if paged["preemptions"] else ""
-    hit_key = "obs_hit" if pc["ttft_better"] else "obs_hit_slow"
+    print_observations(observations(result, lang))
+
+
+def findings(result):
+    """The facts the observations state, from the computed result."""
+    mem, fit, pc, pre = result["memory"], result["fit"], result["prefix"], result["preemption"]
+    return {"running": mem["running"], "tokens": mem["tokens"],
+            "slots": {d: mem[d] for d in DESIGNS},
+            "waste": {d: mem[f"{d}_waste"] for d in DESIGNS},
+            "max_running": fit["paged"]["max_running"], "gain": fit["gain"],
+            "fit_preemptions": fit["paged"]["preemptions"], "shared": result["picture"]["shared"],
+            "hit_rate": pc["on"]["hit_rate"],
+            "prefill_computed": (pc["on"]["prefill_computed"], pc["off"]["prefill_computed"]),
+            "ttft_better": pc["ttft_better"], "preemptions": pre["small"]["preemptions"],
+            "outputs_differ": pre["differ"], "extra_steps": pre["extra_steps"]}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    mem, fit, pc, pre = result["memory"], result["fit"], result["prefix"], result["preemption"]
+    paged, pic, waste = fit["paged"], result["picture"], f["waste"]
+    fit_pre = t["obs_fit_pre"].format(p=f["fit_preemptions"]) if f["fit_preemptions"] else ""
     same = (t["obs_pre_same"].format(n=pre["requests"], big=pre["big"]["blocks"])
-            if not pre["differ"] else t["obs_pre_diff"].format(d=pre["differ"]))
-    obs = [
-        t["obs_waste"].format(r=mem["running"], t=mem["tokens"], c=mem["contig"],
-                              cw=fmt_pct(mem["contig_waste"]), e=mem["exact"],
-                              ew=fmt_pct(mem["exact_waste"]), p=mem["paged"], pb=mem["paged_blocks"],
-                              pw=fmt_pct(mem["paged_waste"]), bm=result["block_size"] - 1),
-        t["obs_fit"].format(k=fit["reservations"], blocks=fit["blocks"], m=paged["max_running"],
+            if not f["outputs_differ"] else t["obs_pre_diff"].format(d=f["outputs_differ"]))
+    return [
+        t["obs_waste"].format(r=f["running"], t=f["tokens"], c=mem["contig"],
+                              cw=fmt_pct(waste["contig"]), e=mem["exact"],
+                              ew=fmt_pct(waste["exact"]), p=mem["paged"], pb=mem["paged_blocks"],
+                              pw=fmt_pct(waste["paged"]), bm=result["block_size"] - 1),
+        t["obs_fit"].format(k=fit["reservations"], blocks=fit["blocks"], m=f["max_running"],
                             mean=f"{paged['mean_running']:.1f}",
                             cmean=f"{fit['contig']['mean_running']:.1f}",
-                            x=f"{fit['gain']:.1f}", s=paged["steps"], cs=fit["contig"]["steps"],
+                            x=f"{f['gain']:.1f}", s=paged["steps"], cs=fit["contig"]["steps"],
                             pre=fit_pre),
-        t["obs_pic"].format(n=len(pic["shared"]), ids=pic["shared"], rest=pic["prefix_rest"],
+        t["obs_pic"].format(n=len(f["shared"]), ids=f["shared"], rest=pic["prefix_rest"],
                             ta=pic["table_a"], tb=pic["table_b"]),
-        t[hit_key].format(rate=fmt_pct(pc["on"]["hit_rate"]), h=pc["on"]["hit_tokens"],
-                          q=pc["on"]["query_tokens"], con=pc["on"]["prefill_computed"],
-                          coff=pc["off"]["prefill_computed"], x=f"{pc['saving']:.1f}",
-                          t_off=fmt_time(pc["off"]["ttft_p50"]),
-                          t_on=fmt_time(pc["on"]["ttft_p50"])),
-        t["obs_pre"].format(small=pre["small"]["blocks"], p=pre["small"]["preemptions"],
+        t["obs_hit" if f["ttft_better"] else "obs_hit_slow"].format(
+            rate=fmt_pct(f["hit_rate"]), h=pc["on"]["hit_tokens"], q=pc["on"]["query_tokens"],
+            con=f["prefill_computed"][0], coff=f["prefill_computed"][1], x=f"{pc['saving']:.1f}",
+            t_off=fmt_time(pc["off"]["ttft_p50"]), t_on=fmt_time(pc["on"]["ttft_p50"])),
+        t["obs_pre"].format(small=pre["small"]["blocks"], p=f["preemptions"],
                             rc=pre["small"]["recomputed"], hits=pre["small"]["hits"],
-                            ds=pre["extra_steps"], same=same),
+                            ds=f["extra_steps"], same=same),
     ]
-    print_observations(obs)
 
 
 def figures(result, lang="zh"):

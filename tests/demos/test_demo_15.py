@@ -101,31 +101,31 @@ def test_preemption_happens_and_changes_no_output(quick):
 
 # ---------------------------------------------------------------- the text
 
-def test_observations_quote_the_computed_numbers(quick):
-    text = flat(rendered_text(D15, quick, "en"))
+def test_findings_are_the_computed_numbers(quick):
+    f = D15.findings(quick)
     mem, fit, pc, pre = quick["memory"], quick["fit"], quick["prefix"], quick["preemption"]
-    assert f"At the peak {mem['running']} sequences hold {mem['tokens']} tokens" in text
-    assert f"take {mem['contig']} slots, {mem['contig_waste']:.1%} of them wasted" in text
-    assert f"pages take {mem['paged']} ({mem['paged_blocks']} blocks)" in text
-    assert f"ran up to {fit['paged']['max_running']} in a step, {fit['gain']:.1f}× as many" in text
-    assert f"same physical blocks {quick['picture']['shared']}, ref count 2" in text
-    assert f"hit {pc['on']['hit_rate']:.1%} of the prompt tokens" in text
-    assert f"computed {pc['on']['prefill_computed']} tokens instead of {pc['off']['prefill_computed']}" in text
-    assert f"preempted {pre['small']['preemptions']} times" in text
-    assert f"all {pre['requests']} outputs equal" in text
-    assert ("fell from" in text) == pc["ttft_better"]
-    zh = flat(rendered_text(D15, quick, "zh"))
-    assert f"命中率 {pc['on']['hit_rate']:.1%}" in zh
+    assert (f["running"], f["tokens"]) == (mem["running"], mem["tokens"])
+    assert f["waste"] == {d: mem[f"{d}_waste"] for d in D15.DESIGNS}
+    assert f["waste"]["paged"] < f["waste"]["contig"]
+    assert (f["max_running"], f["gain"]) == (fit["paged"]["max_running"], fit["gain"])
+    assert f["shared"] == quick["picture"]["shared"] and f["hit_rate"] == pc["on"]["hit_rate"]
+    assert f["prefill_computed"][0] < f["prefill_computed"][1]
+    assert f["preemptions"] == pre["small"]["preemptions"] > 0 and f["outputs_differ"] == 0
+    for lang in ("en", "zh"):  # every observation is printed
+        text = flat(rendered_text(D15, quick, lang))
+        assert all(flat(o)[:20] in text for o in D15.observations(quick, lang))
 
 
-def test_other_wordings(quick):
+def test_other_outcomes_are_other_findings(quick):
     r = copy.deepcopy(quick)
     r["prefix"]["ttft_better"] = False
     r["preemption"]["differ"] = 2
     r["fit"]["paged"]["preemptions"] = 3
-    text = flat(rendered_text(D15, r, "en"))
-    assert "was no better" in text and "but 2 outputs differ" in text
-    assert "preempting 3 times on the way" in text
+    f = D15.findings(r)
+    assert (f["ttft_better"], f["outputs_differ"], f["fit_preemptions"]) == (False, 2, 3)
+    for lang in ("en", "zh"):  # the fit, the prefix and the preemption sentences change
+        before, after = D15.observations(quick, lang), D15.observations(r, lang)
+        assert [a != b for a, b in zip(before, after)] == [False, True, False, True, True]
 
 
 # ---------------------------------------------------------------- figures (--figures DIR)
