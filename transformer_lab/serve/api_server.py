@@ -106,7 +106,7 @@ class ApiServer:
             name=self.model_name, tokenizer=tokenizer, vocab=llm.cfg.vocab,
             max_seq=llm.cfg.max_seq, kv_tokens=llm.num_blocks * llm.block_size,
             chat_prompt=chat_prompt if tokenizer is not None else None,
-            chat_params=llm.chat_params)
+            chat_params=llm.chat_params, constraint_index=llm.constraint_index)
         self.created = int(time.time())
         self.engine: EngineLoop | None = None
         self.httpd: _HTTPServer | None = None

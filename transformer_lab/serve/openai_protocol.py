@@ -14,6 +14,14 @@ with a value this engine cannot honour (n > 1, logprobs, penalties,
 echo, best_of > 1, a suffix, logit_bias) are refused by name with 400 rather than
 ignored; fields OpenAI has that change nothing here (user, ...) are ignored.
 
+Structured outputs: response_format {"type": "json_object"} (any JSON object; unlike
+OpenAI's, the messages need not say "json") or {"type": "json_schema", "json_schema":
+{"name", "schema", "strict"}} (the schema is enforced whatever strict says), and vLLM's
+extra field structured_outputs {"json" | "regex" | "choice" | "json_object"}. A schema or
+regex the engine cannot compile is a 400 naming response_format (or structured_outputs).
+The old guided_json / guided_regex / guided_choice fields get a 400 naming their
+replacement: vLLM since v0.12 ignores them silently and answers unconstrained.
+
 Defaults as OpenAI's: temperature 1.0; max_tokens 16 for completions, for chat all
 the context the model and the KV pool leave after the prompt.
 """
@@ -27,6 +35,7 @@ from dataclasses import dataclass, field
 
 from ..validate import is_int
 from .sampling_params import SamplingParams
+from .structured_outputs import KINDS, StructuredOutputsParams
 
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
@@ -61,6 +70,7 @@ class ModelInfo:
     kv_tokens: int  # positions the whole KV pool holds (num_blocks * block_size)
     chat_prompt: object = None  # messages -> prompt text (the model's chat template)
     chat_params: object = None  # SamplingParams -> the same that stop at a turn's end (LLM's)
+    constraint_index: object = None  # SamplingParams -> its compiled constraint (LLM's)
 
 
 @dataclass
@@ -156,6 +166,64 @@ def _stream_options(body, stream):
     return include
 
 
+GUIDED = {"guided_json": "response_format json_schema, or structured_outputs.json",
+          "guided_regex": "structured_outputs.regex", "guided_choice": "structured_outputs.choice",
+          "guided_grammar": "nothing here (grammars are not supported)",
+          "guided_decoding_backend": "nothing (there is one backend)",
+          "guided_whitespace_pattern": "nothing (whitespace is at most one space)"}
+
+
+def _structured_outputs(body):
+    """(StructuredOutputsParams or None, the field it came from) of response_format or
+    vLLM's structured_outputs; 400 naming a bad one, or an old guided_* field."""
+    for name, instead in GUIDED.items():
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is no longer supported (vLLM removed it in v0.12 and "
+                              f"ignores it); use {instead}", param=name,
+                              code="unsupported_parameter")
+    fmt, extra = body.get("response_format"), body.get("structured_outputs")
+    found = []
+    if fmt is not None:
+        if not isinstance(fmt, dict):
+            raise _wrong_type("response_format", "an object", fmt)
+        kind = fmt.get("type")
+        if kind == "json_object":
+            found.append(("response_format", dict(json_object=True)))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+                raise bad_request("'response_format.json_schema' must be an object with a "
+                                  "'name' string and a 'schema'", param="response_format")
+            if not isinstance(spec.get("schema"), dict):
+                raise _wrong_type("response_format.json_schema.schema", "an object",
+                                  spec.get("schema"))
+            if not isinstance(spec.get("strict", False), (bool, type(None))):
+                raise _wrong_type("response_format.json_schema.strict", "a boolean",
+                                  spec.get("strict"))
+            found.append(("response_format", dict(json=spec["schema"])))
+        elif kind != "text":
+            raise bad_request(f"'response_format.type' must be text, json_object or "
+                              f"json_schema, got {kind!r:.40}", param="response_format")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise _wrong_type("structured_outputs", "an object", extra)
+        unknown = sorted(set(extra) - set(KINDS))
+        if unknown:
+            raise bad_request(f"'structured_outputs.{unknown[0]}' is not supported (take "
+                              f"{', '.join(KINDS)})", param="structured_outputs")
+        found.append(("structured_outputs", extra))
+    if len(found) > 1:
+        raise bad_request("give response_format or structured_outputs, not both",
+                          param="structured_outputs")
+    if not found:
+        return None, None
+    param, fields = found[0]
+    try:
+        return StructuredOutputsParams(**fields), param
+    except ValueError as exc:
+        raise bad_request(str(exc), param=param) from None
+
+
 def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_name):
     """The fields both endpoints share, checked; the GenerationRequest."""
     for name in ("n", "best_of"):
@@ -198,6 +266,7 @@ def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_na
                               param="stop_token_ids")
     return_ids = _optional(body, "return_token_ids", lambda v: isinstance(v, bool), "a boolean",
                            False)
+    structured, structured_param = _structured_outputs(body)
     stop = _stop_strings(body)
     if stop and model.tokenizer is None:
         raise bad_request("'stop' strings need a tokenizer; this model has none (use "
@@ -230,9 +299,16 @@ def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_na
             f"KV pool holds {model.kv_tokens}. Please reduce the length of the prompt or the "
             f"completion.", param="max_tokens", code="context_length_exceeded")
     params = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p),
-                            min_p=float(min_p), max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos, stop_token_ids=tuple(stop_ids))
+                            min_p=float(min_p), max_tokens=max_tokens, seed=seed,
+                            ignore_eos=ignore_eos, stop_token_ids=tuple(stop_ids),
+                            structured_outputs=structured)
     if kind == "chat" and model.chat_params is not None:
         params = model.chat_params(params)
+    if structured is not None and model.constraint_index is not None:
+        try:  # compiled here, in the handler: a bad schema is this request's 400
+            model.constraint_index(params)
+        except ValueError as exc:
+            raise bad_request(str(exc), param=structured_param) from None
     return GenerationRequest(kind, prompt_ids, params, given, stop=stop, stream=stream,
                              include_usage=include_usage, return_token_ids=return_ids,
                              prompt_text=prompt_text)
