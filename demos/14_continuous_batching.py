@@ -333,35 +333,6 @@ def render(result, lang="zh"):
                   f"{r['bit_diff']}/{r['runs']}", fmt_float(r["max_logit_diff"]),
                   fmt_float(r["min_margin"])] for r in (off, on)])
 
-    rows, steps = result["sweep"], result["steps"]
-    first, top = steps[0], steps[-1]
-    ttft = (t["ttft_better"] if result["ttft_better"] else t["ttft_worse"]).format(
-        s50=fmt_time(s["ttft"]["p50"]), c50=fmt_time(c["ttft"]["p50"]))
-    inv_key = "obs_inv_flip" if off["token_diff"] or not off["bit_diff"] else "obs_inv_noflip"
-    peak = result["sweep"][result["peak"]]
-    obs = [
-        t["obs_tput" if result["speedup"] >= 1 else "obs_tput_lower"].format(
-            x=_x(result["speedup"]), c=f"{c['throughput']:.1f}", s=f"{s['throughput']:.1f}",
-            ttft=ttft),
-        t["obs_tpot_worse" if result["tpot_worse"] else "obs_tpot_same"].format(
-            c=fmt_time(c["tpot"]["p50"]), s=fmt_time(s["tpot"]["p50"])),
-        t["obs_waste"].format(dshare=f"{s['decode_waste_share']:.1%}", dw=s["decode_wasted"],
-                              ds=s["decode_slots"], pshare=f"{s['prefill_waste_share']:.1%}"),
-        t["obs_sweep"].format(t1=f"{rows[0]['throughput']:.1f}", bpeak=peak["max_num_seqs"],
-                              tpeak=f"{peak['throughput']:.1f}", g=_x(peak["gain"])),
-    ]
-    step_key = "obs_step" if result["step_sublinear"] else "obs_step_linear"
-    obs.append(t[step_key].format(B=top["B"], sB=fmt_time(top["seconds"]),
-                                  s1=fmt_time(first["seconds"]), r=_x(top["ratio"]),
-                                  p1=fmt_time(first["per_token"]), pB=fmt_time(top["per_token"]),
-                                  wb=fmt_num(result["weight_bytes"])))
-    obs += [
-        t[inv_key].format(n=off["runs"], bits=off["bit_diff"], md=fmt_float(off["max_logit_diff"]),
-                          toks=off["token_diff"], mg=fmt_float(off["min_margin"]),
-                          ratio=f"{off['margin_ratio']:.0f}",
-                          bits_t=on["bit_diff"], toks_t=on["token_diff"]),
-        t["obs_inv_why"].format(rows=result["invariant_rows"]),
-    ]
     lat = result["online"]
     print_section(t["online"])
     print_text(t["online_note"].format(busy=fmt_time(lat["busy_s"]), mu=f"{lat['capacity']:.1f}",
@@ -373,21 +344,70 @@ def render(result, lang="zh"):
                   fmt_time(r["ttft_p99"]), fmt_time(r["tpot_p50"])]
                  for i in range(len(lat["rates"])) for b in BATCHINGS
                  for r in [lat["rows"][b][i]]])
+    print_observations(observations(result, lang))
+
+
+def findings(result):
+    """The facts and verdicts the observations state, from the computed result."""
+    s, (off, on), lat = result["static"], result["invariance"], result["online"]
+    peak, top = result["sweep"][result["peak"]], {b: rows[-1] for b, rows in lat["rows"].items()}
+    return {"speedup": result["speedup"], "ttft_better": result["ttft_better"],
+            "tpot_worse": result["tpot_worse"], "decode_waste_share": s["decode_waste_share"],
+            "prefill_waste_share": s["prefill_waste_share"],
+            "peak": (peak["max_num_seqs"], peak["gain"]),
+            "step_sublinear": result["step_sublinear"], "step_ratio": result["steps"][-1]["ratio"],
+            "bit_diff": (off["bit_diff"], on["bit_diff"]),
+            "token_diff": (off["token_diff"], on["token_diff"]),
+            "tokens_flip": bool(off["token_diff"] or not off["bit_diff"]),
+            "capacity": lat["capacity"],
+            "queue_factor": top["none"]["ttft_p99"] / (lat["busy_s"] / result["workload"]["requests"]),
+            "online_speedup": result["online_speedup"],
+            "online_static_worse": result["online_static_worse"]}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    s, c, off, lat = (result["static"], result["continuous"], result["invariance"][0],
+                      result["online"])
+    first, top = result["steps"][0], result["steps"][-1]
+    ttft = t["ttft_better" if f["ttft_better"] else "ttft_worse"].format(
+        s50=fmt_time(s["ttft"]["p50"]), c50=fmt_time(c["ttft"]["p50"]))
+    obs = [
+        t["obs_tput" if f["speedup"] >= 1 else "obs_tput_lower"].format(
+            x=_x(f["speedup"]), c=f"{c['throughput']:.1f}", s=f"{s['throughput']:.1f}",
+            ttft=ttft),
+        t["obs_tpot_worse" if f["tpot_worse"] else "obs_tpot_same"].format(
+            c=fmt_time(c["tpot"]["p50"]), s=fmt_time(s["tpot"]["p50"])),
+        t["obs_waste"].format(dshare=f"{f['decode_waste_share']:.1%}", dw=s["decode_wasted"],
+                              ds=s["decode_slots"], pshare=f"{f['prefill_waste_share']:.1%}"),
+        t["obs_sweep"].format(t1=f"{result['sweep'][0]['throughput']:.1f}", bpeak=f["peak"][0],
+                              tpeak=f"{result['sweep'][result['peak']]['throughput']:.1f}",
+                              g=_x(f["peak"][1])),
+        t["obs_step" if f["step_sublinear"] else "obs_step_linear"].format(
+            B=top["B"], sB=fmt_time(top["seconds"]), s1=fmt_time(first["seconds"]),
+            r=_x(f["step_ratio"]), p1=fmt_time(first["per_token"]),
+            pB=fmt_time(top["per_token"]), wb=fmt_num(result["weight_bytes"])),
+        t["obs_inv_flip" if f["tokens_flip"] else "obs_inv_noflip"].format(
+            n=off["runs"], bits=f["bit_diff"][0], md=fmt_float(off["max_logit_diff"]),
+            toks=f["token_diff"][0], mg=fmt_float(off["min_margin"]),
+            ratio=f"{off['margin_ratio']:.0f}", bits_t=f["bit_diff"][1], toks_t=f["token_diff"][1]),
+        t["obs_inv_why"].format(rows=result["invariant_rows"]),
+    ]
     top = {b: rows[-1] for b, rows in lat["rows"].items()}
     alone = lat["busy_s"] / result["workload"]["requests"]
-    obs.append(t["obs_online_queue"].format(mu=f"{lat['capacity']:.1f}", alone=fmt_time(alone),
-                                            q=f"{top['none']['ttft_p99'] / alone:.0f}",
+    obs.append(t["obs_online_queue"].format(mu=f"{f['capacity']:.1f}", alone=fmt_time(alone),
+                                            q=f"{f['queue_factor']:.0f}",
                                             r=f"{top['none']['rate']:.1f}",
                                             n99=fmt_time(top["none"]["ttft_p99"]),
                                             c99=fmt_time(top["continuous"]["ttft_p99"])))
     obs.append(t["obs_online_tput"].format(r=f"{top['none']['rate']:.1f}",
                                            ct=f"{top['continuous']['output_throughput']:.0f}",
                                            nt=f"{top['none']['output_throughput']:.0f}",
-                                           x=_x(result["online_speedup"])))
-    obs.append(t["obs_online_static" if result["online_static_worse"] else
+                                           x=_x(f["online_speedup"])))
+    obs.append(t["obs_online_static" if f["online_static_worse"] else
                  "obs_online_static_ok"].format(s99=fmt_time(top["static"]["ttft_p99"]),
                                                 c99=fmt_time(top["continuous"]["ttft_p99"])))
-    print_observations(obs)
+    return obs
 
 
 def figures(result, lang="zh"):

@@ -123,44 +123,37 @@ def test_batch_invariant_mode_changes_no_bit(quick):
 
 # ---------------------------------------------------------------- the text
 
-def test_observations_quote_the_computed_numbers(quick):
-    text = flat(rendered_text(D14, quick, "en"))
-    s, c = quick["static"], quick["continuous"]
-    verb = "delivers" if quick["speedup"] >= 1 else "delivered only"
-    assert f"{verb} {quick['speedup']:.2f}× the throughput" in text
-    assert f"({c['throughput']:.1f} vs {s['throughput']:.1f} tok/s, measured)" in text
-    assert f"{s['decode_waste_share']:.1%} of its decode slots" in text
-    assert f"({s['decode_wasted']} of {s['decode_slots']})" in text
-    peak = quick["sweep"][quick["peak"]]
-    assert f"{peak['throughput']:.1f} tok/s at {peak['max_num_seqs']} ({peak['gain']:.2f}×)" in text
+def test_findings_are_the_computed_numbers(quick):
+    f, s = D14.findings(quick), quick["static"]
     off, on = quick["invariance"]
-    assert f"{off['bit_diff']} of {off['runs']} runs have logits that differ" in text
-    assert ("the TTFT p50 falls from" in text) == quick["ttft_better"]
-    assert ("The price is in TPOT" in text) == quick["tpot_worse"]
-    assert ("not clearly below" in text) != quick["step_sublinear"]
-    from console import fmt_num
+    peak = quick["sweep"][quick["peak"]]
+    assert (f["speedup"], f["ttft_better"], f["tpot_worse"], f["step_sublinear"]) == (
+        quick["speedup"], quick["ttft_better"], quick["tpot_worse"], quick["step_sublinear"])
+    assert f["decode_waste_share"] == s["decode_waste_share"] > 0
+    assert f["peak"] == (peak["max_num_seqs"], peak["gain"])
+    assert f["bit_diff"] == (off["bit_diff"], 0) and f["token_diff"][1] == 0
     from transformer_lab import named_params
     _, params = D14.model()
     assert quick["weight_bytes"] == sum(w.nbytes for _, w in named_params(params))
-    if quick["step_sublinear"]:
-        assert f"reads every weight once ({fmt_num(quick['weight_bytes'])}B)" in text
-    zh = flat(rendered_text(D14, quick, "zh"))
-    assert f"{quick['speedup']:.2f} 倍" in zh
+    for lang in ("en", "zh"):  # every observation is printed
+        text = flat(rendered_text(D14, quick, lang))
+        assert all(flat(o)[:20] in text for o in D14.observations(quick, lang))
 
 
-def test_other_wordings(quick):
+def test_other_outcomes_are_other_findings(quick):
     r = copy.deepcopy(quick)
-    r["ttft_better"], r["tpot_worse"], r["step_sublinear"] = False, False, False
+    r["ttft_better"], r["tpot_worse"], r["step_sublinear"] = (
+        not quick["ttft_better"], not quick["tpot_worse"], not quick["step_sublinear"])
+    r["speedup"] = 0.79 if quick["speedup"] >= 1 else 1.2
+    r["online_static_worse"] = not quick["online_static_worse"]
+    f = D14.findings(r)
+    assert f["speedup"] == r["speedup"] and f["online_static_worse"] == r["online_static_worse"]
     off = r["invariance"][0]
-    off["token_diff"], off["bit_diff"] = 2, 3
-    text = flat(rendered_text(D14, r, "en"))
-    assert "is no better" in text and "TPOT p50:" in text and "not clearly below" in text
-    assert "3 of 4 runs have logits that differ" in text and "and 2 change the output" in text
-    r["step_sublinear"] = True
-    assert "The reason is the cost of a step" in flat(rendered_text(D14, r, "en"))
-    r["speedup"] = 0.79  # continuous batching slower than static batches on a busy machine
-    assert "delivered only 0.79× the throughput" in flat(rendered_text(D14, r, "en"))
-    assert "只有静态批的 0.79 倍" in flat(rendered_text(D14, r, "zh"))
+    off["token_diff"], off["bit_diff"] = (0, 3) if D14.findings(quick)["tokens_flip"] else (2, 3)
+    assert D14.findings(r)["tokens_flip"] != D14.findings(quick)["tokens_flip"]
+    for lang in ("en", "zh"):  # throughput, TPOT, step, invariance and the static verdict change
+        changed = [a != b for a, b in zip(D14.observations(quick, lang), D14.observations(r, lang))]
+        assert [i for i, c in enumerate(changed) if c] == [0, 1, 4, 5, 9]
 
 
 # ---------------------------------------------------------------- figures (--figures DIR)
@@ -203,24 +196,14 @@ def test_the_rate_verdicts_agree_with_the_rows(quick):
                                             > top["continuous"]["ttft_p99"])
 
 
-def test_the_rate_observations_quote_the_rows(quick):
-    from console import fmt_time
-    lat = quick["online"]
+def test_the_rate_findings_are_the_rows(quick):
+    lat, f = quick["online"], D14.findings(quick)
     top = {b: rows[-1] for b, rows in lat["rows"].items()}
-    text = flat(rendered_text(D14, quick, "en"))
     alone = lat["busy_s"] / quick["workload"]["requests"]
-    assert f"at most {lat['capacity']:.1f} requests/s ({fmt_time(alone)} a request" in text
-    assert (f"its TTFT p99 is {fmt_time(top['none']['ttft_p99'])}, "
-            f"{top['none']['ttft_p99'] / alone:.0f}× that") in text
-    assert (f"outputs {top['continuous']['output_throughput']:.0f} tokens/s, "
-            f"{quick['online_speedup']:.2f}× one request at a time "
-            f"({top['none']['output_throughput']:.0f})") in text
-    assert ("a newcomer waits" in text) == quick["online_static_worse"]
-    r = copy.deepcopy(quick)
-    r["online_static_worse"] = not r["online_static_worse"]
-    assert ("a newcomer waits" in flat(rendered_text(D14, r, "en"))) == r["online_static_worse"]
-    zh = flat(rendered_text(D14, quick, "zh"))
-    assert f"的 {quick['online_speedup']:.2f} 倍" in zh
+    assert f["capacity"] == lat["capacity"]
+    assert f["queue_factor"] == top["none"]["ttft_p99"] / alone
+    assert (f["online_speedup"], f["online_static_worse"]) == (quick["online_speedup"],
+                                                               quick["online_static_worse"])
 
 
 def test_latency_figure_plots_the_rows(quick):
