@@ -65,35 +65,32 @@ def test_the_keys_have_outlier_channels_and_want_a_scale_per_channel(result):
     assert len(kv["shown"]) == min(4, len(kv["layers"]))
 
 
-def test_observations_quote_the_results(result):
+def test_findings_are_the_computed_verdicts(result):
     f = D20.findings(result)
-    text = flat(rendered_text(D20, result, "en"))
-    by = f["by"]
-    assert f"Q8_0 is close to lossless: KL {D20._kl(by['q8_0']['kl'])}" in text
-    assert "(W4 g128) are measurably worse" in text
-    assert f"lower the KL from {D20._kl(f['rtn']['kl'])} to {D20._kl(f['awq']['kl'])}" in text
-    e = result["kv"]["errors"]["k8"]
-    assert f"int8 keys per token err {e['per_token']:.4f}, per channel {e['per_channel']:.4f}" in text
-    bt = by["float32"]["report"]["bytes_per_token"] / by["q4_0"]["report"]["bytes_per_token"]
-    assert f"({bt:.2f}× fewer)" in text and "this run measured" in text
-    assert "Q4_1 looks lossless" not in text  # said only of SmolLM2, whose reference is Q4_1
-    zh = flat(rendered_text(D20, result, "zh"))
-    assert "接近无损" in zh and "按通道" in zh
+    by, g = f["by"], result["weights"]["group"]
+    assert by == {row["kind"]: row for row in result["weights"]["rows"]}
+    assert (f["rtn"], f["awq"]) == (by[f"w4_g{g}"], by[f"awq_w4_g{g}"])
+    assert f["q8_close"] and f["rtn_worse"] and f["awq_helps"]
+    assert f["keys_per_channel_better"]
+    assert f["top_layer"] == max(result["kv"]["layers"], key=lambda r: r["k_ratio"])
+    for lang in ("en", "zh"):  # every observation is printed
+        text = flat(rendered_text(D20, result, lang))
+        assert all(flat(o)[:20] in text for o in D20.observations(result, lang))
 
 
-def test_the_other_wordings(result):
+def test_other_outcomes_are_other_findings(result):
     r = copy.deepcopy(result)
     by = {row["kind"]: row for row in r["weights"]["rows"]}
     g = r["weights"]["group"]
     by["q8_0"]["kl"] = 0.5  # and its perplexity as it was
     by[f"awq_w4_g{g}"]["kl"] = by[f"w4_g{g}"]["kl"] * 2
-    r["model"] = "smollm2"
-    text = flat(" ".join(D20.observations(r, "en")))
-    assert "Q8_0 is not close to lossless" in text
-    assert "AWQ did not lower the KL this time" in text
-    assert "Q4_1 looks lossless" in text
-    by[f"w4_g{g}"]["kl"] = by["q8_0"]["kl"]
-    assert "not measurably worse" in " ".join(D20.observations(r, "en"))
+    f = D20.findings(r)
+    assert not f["q8_close"] and not f["awq_helps"] and not f["rtn_worse"]
+    assert D20.observations(r, "en") != D20.observations(result, "en")
+    # SmolLM2's reference is Q4_1: one observation more says what that means
+    real = dict(r, model="smollm2")
+    for lang in ("en", "zh"):
+        assert len(D20.observations(real, lang)) == len(D20.observations(r, lang)) + 1
 
 
 def test_quick_runs_on_the_stand_in_with_its_loud_channels_planted(result):
