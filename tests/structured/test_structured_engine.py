@@ -10,6 +10,7 @@ from transformer_lab import forward, init_params, sample_next
 from transformer_lab.generation import next_token_probs
 from transformer_lab.serve import LLM, SamplingParams, StructuredOutputsParams
 from transformer_lab.speculative import chi2_sf
+from transformer_lab.structured.distortion import conditioned, exact_distributions, kl
 
 CHOICE = StructuredOutputsParams(choice=["ham", "her", "the", "he"])
 
@@ -144,3 +145,32 @@ def test_sample_next_masks_before_sampling():
         sample_next(logits, allowed=allowed[:, :2])
     with pytest.raises(ValueError, match="allows no token"):
         sample_next(logits, allowed=np.zeros((1, 4), dtype=bool))
+
+
+def test_the_masked_sampler_is_not_the_model_conditioned_on_the_language(model):
+    """The distortion lesson: the engine follows the locally renormalised product q (χ²),
+    and q differs from p(. | L), the model's own distribution over the language."""
+    cfg, params, tok = model
+    llm = LLM.from_params(cfg, params, tok)
+    prompt = tok.encode("say:")
+    sampling = dict(temperature=1.0, max_tokens=8, structured_outputs=CHOICE)
+    index = llm.constraint_index(SamplingParams(**sampling))
+    exact = exact_distributions(
+        lambda prefix: forward(params, cfg, np.array([prompt + prefix]), logits_at=[-1])[0, 0],
+        index)
+    q = {x: qx for x, (_, qx) in exact.items()}
+    target = conditioned(exact)
+    assert abs(sum(q.values()) - 1) < 1e-9 and abs(sum(target.values()) - 1) < 1e-9
+    assert kl(exact) > 1e-3  # a real distortion on this toy
+    n = 2000
+    outs = llm.generate([prompt] * n, [SamplingParams(seed=10_000 + i, **sampling)
+                                       for i in range(n)], use_tqdm=False)
+    keys = sorted(q)
+    observed = np.array([sum(tuple(o.token_ids) == k for o in outs) for k in keys])
+    for name, dist in (("q", q), ("p(.|L)", target)):
+        expected = n * np.array([dist[k] for k in keys])
+        chi2 = float(((observed - expected) ** 2 / expected).sum())
+        if name == "q":
+            assert chi2_sf(chi2, len(keys) - 1) > 1e-3, chi2
+        else:  # the conditioned model is rejected by the same samples
+            assert chi2_sf(chi2, len(keys) - 1) < 1e-6, chi2

@@ -10,6 +10,8 @@
 - json_schema.py  a JSON schema (or any JSON object, json_object_regex) as a regex
 - index.py        TokenIndex: per DFA state, the vocabulary's allowed tokens and where
                   each leads; Guide: one output's walk through it
+- distortion.py   exactly, on a small language: the masked sampler's distribution
+                  against the model's own conditioned on the language
 """
 from .automaton import DFA
 from .index import Guide, TokenIndex
