@@ -74,30 +74,35 @@ def test_sampling_keeps_the_distribution(result):
     assert s["drafts"]["itself"]["accepted_per_drafted"] == 1.0  # q = p: every draft accepted
 
 
-def test_observations_quote_the_results(result):
+def test_findings_are_the_computed_numbers(result):
     f = D16.findings(result)
-    text = flat(rendered_text(D16, result, "en"))
-    assert f"{f['same']} of {f['runs']} speculative runs" in text
-    kind, best = f["best"]
-    assert f"{best['speedup']:.2f}× faster" in text
-    assert "all above 0.01: the distribution is unchanged" in text
-    kmax = f["kmax"]
-    assert f"a pass of {kmax['tokens']} tokens costs {kmax['ratio']:.2f} decode steps" in text
+    rows = [r for kd in result["kinds"] for r in kd["rows"]]
+    assert f["runs"] == len(rows) and f["same"] == f["runs"]  # every run is the greedy text
+    assert f["best"][1]["speedup"] == max(r["speedup"] for r in rows)
+    assert f["worst"][1]["speedup"] == min(r["speedup"] for r in rows)
+    assert f["kmax"]["k"] == max(v["k"] for v in result["verify"]) and f["sampling_ok"]
+    assert f["worst_cost"] == next(v["ratio"] for v in result["verify"]
+                                   if v["k"] == f["worst"][1]["k"])
+    for lang in ("en", "zh"):  # every observation is printed
+        text = flat(rendered_text(D16, result, lang))
+        assert all(flat(o)[:20] in text for o in D16.observations(result, lang))
 
 
-def test_a_losing_row_is_explained_and_a_run_without_one_says_so(result):
+def test_a_losing_row_is_found_and_a_run_without_one_too(result):
     lose = copy.deepcopy(result)
     row = lose["kinds"][0]["rows"][0]
     row["speedup"] = 0.01  # the slowest row
-    text = flat(" ".join(D16.observations(lose, "en")))
-    cost = next(v["ratio"] for v in lose["verify"] if v["k"] == row["k"])
-    assert f"runs at 0.01×: a target pass yields only {row['tokens_per_pass']:.2f} tokens" in text
-    assert f"their ratio predicts {row['tokens_per_pass'] / cost:.2f}×" in text
+    f = D16.findings(lose)
+    assert f["worst"] == (lose["kinds"][0]["kind"], row)
+    assert f["worst_cost"] == next(v["ratio"] for v in lose["verify"] if v["k"] == row["k"])
     win = copy.deepcopy(result)
     for kd in win["kinds"]:
         for r in kd["rows"]:
             r["speedup"] = 1.5
-    assert "No row ran slower" in " ".join(D16.observations(win, "en"))
+    assert D16.findings(win)["worst"][1]["speedup"] == 1.5
+    for lang in ("en", "zh"):  # the losing row's sentence is another than the winning run's
+        assert D16.observations(lose, lang)[-2] != D16.observations(win, lang)[-2]
+        assert len(D16.observations(lose, lang)) == len(D16.observations(win, lang))
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
