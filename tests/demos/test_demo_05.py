@@ -1,4 +1,6 @@
 """Demo 05's observations, asserted on its computed results."""
+import copy
+
 import numpy as np
 import pytest
 
@@ -24,18 +26,17 @@ def test_no_positions_no_mask_is_permutation_equivariant_up_to_rounding(result):
     x = result["perm_diffs"]["no_pos_no_mask"]
     assert x <= result["rounding"] == 1e-12
     # The sentence says "exactly" only when the difference is exactly 0.
-    first = D05.observations(result, "en")[0]
-    assert ("exactly" in first) == (x == 0)
-    assert ("rounding" in first) == (x != 0)
+    assert D05.findings(result)["perm_exact"] == (x == 0)
 
 
-def test_the_wording_follows_the_difference():
+def test_the_exact_and_the_rounding_case_are_other_findings():
     fake = D05.compute(quick=True)
     fake["perm_diffs"] = dict(fake["perm_diffs"], no_pos_no_mask=0.0)
-    assert "exactly 0" in D05.observations(fake, "en")[0]
-    assert "恰好是 0" in D05.observations(fake, "zh")[0]
+    exact = copy.deepcopy(fake)
     fake["perm_diffs"]["no_pos_no_mask"] = 5.5e-17
-    assert "5.50e-17, which is rounding" in D05.observations(fake, "en")[0]
+    assert D05.findings(exact)["perm_exact"] and not D05.findings(fake)["perm_exact"]
+    for lang in ("en", "zh"):  # the first observation is worded from the verdict
+        assert D05.observations(exact, lang)[0] != D05.observations(fake, lang)[0]
 
 
 def test_the_causal_mask_leaks_order(result):
