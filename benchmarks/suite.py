@@ -17,13 +17,14 @@ from .bench_model import (make_params, memory_report, mid_config, run_decode, ru
 from .bench_online import print_online, run_online
 from .bench_serving import print_serving, run_serving, serving_targets
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
+from .bench_structured import print_structured, run_structured, structured_targets
 from .bench_finetune import print_finetune, run_finetune
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
 SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative",
-            "finetune")
+            "finetune", "structured")
 # What a run without --only covers: serving, online, speculative and finetune need the real model
 # (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), so they
 # run when named (python -m benchmarks --only serving).
@@ -57,6 +58,7 @@ class Profile:
     train_model: dict = field(default_factory=dict)  # overrides fields of the training config
     spec_new_tokens: int = 64  # speculative: new tokens per greedy run
     spec_prompts_per_kind: int = 2
+    structured_prompts: int = 20  # structured: json-extract's held-out prompts per constraint
     smollm2_rounds: int = 5  # forward: SmolLM2's batch-1 decode, rounds of each (0: not run)
 
 
@@ -65,7 +67,7 @@ QUICK = Profile("quick", attn_sizes=(128, 512), attn_repeats=5, einsum_max_T=128
                 peak_repeats=5, forward_B=1, forward_T=256, forward_repeats=3,
                 decode_contexts=(128, 256, 512), decode_repeats_cached=10,
                 decode_repeats_recompute=2, train_repeats=2, spec_new_tokens=24,
-                spec_prompts_per_kind=1, smollm2_rounds=2)
+                spec_prompts_per_kind=1, smollm2_rounds=2, structured_prompts=5)
 
 # Targets: attention_core >= 0.8x the batched-matmul formulation at every size and >= 30 %
 # of the matmul peak at T = 2048; forward within 1.3x of PyTorch; cached decode at most
@@ -140,6 +142,8 @@ def evaluate_targets(results):
                         "met": dec1["of_read_bound"] >= SMOLLM2_OF_BOUND_MIN})
     if results.get("speculative"):
         targets += speculative_targets(results["speculative"])
+    if results.get("structured"):
+        targets += structured_targets(results["structured"])
     if results.get("serving"):
         targets += serving_targets(results["serving"])
     dec = results.get("decode")
@@ -272,6 +276,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
                                                  profile.spec_prompts_per_kind)
         results["load"]["after_speculative"] = load_average()
         print_speculative(out, results["speculative"])
+
+    if "structured" in sections:
+        results["structured"] = run_structured(profile.structured_prompts)
+        results["load"]["after_structured"] = load_average()
+        print_structured(out, results["structured"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
