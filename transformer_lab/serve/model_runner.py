@@ -51,8 +51,7 @@ SHORT_CHUNK = 16
 
 
 class PrefillChunk(NamedTuple):
-    """A chunk attended by itself: the step's flat rows [first, stop) are its sequence's
-    positions [start, end), over blocks `table` (its first blocks, up to position end)."""
+    """Attended by itself: flat rows [first, stop) are positions [start, end) of `table`."""
     first: int
     stop: int
     start: int
@@ -61,8 +60,7 @@ class PrefillChunk(NamedTuple):
 
 
 class ShortChunk(NamedTuple):
-    """A decode or verify chunk: `length` flat rows from `row`, its sequence's positions
-    from `start`, over blocks `table`."""
+    """A decode or verify chunk: `length` flat rows from `row`, at positions from `start`."""
     row: int
     start: int
     length: int
@@ -70,11 +68,10 @@ class ShortChunk(NamedTuple):
 
 
 class DecodeGroup(NamedTuple):
-    """Short chunks of one length attended in one call: their flat rows [b, T], first
-    positions [b], and block tables padded to the longest [b, width]."""
-    rows: np.ndarray
-    positions: np.ndarray
-    tables: np.ndarray
+    """Short chunks of one length, attended in one call."""
+    rows: np.ndarray  # [b, T]: their flat rows
+    positions: np.ndarray  # [b]: each one's first position
+    tables: np.ndarray  # [b, width]: block tables padded to the longest
 
 
 class StepCache(CacheProtocol):
@@ -148,12 +145,9 @@ class StepCache(CacheProtocol):
         out = np.empty((1, N, H * D), dtype=np.result_type(q.dtype, k.dtype))
         # 2. Prefill chunks, one by one (each is a BLAS-sized product already).
         for c in self.prefills:
-            if c.start == 0:
-                ks, vs = k[:, c.first:c.stop], v[:, c.first:c.stop]
-            else:
-                ks, vs = self._gather(layer, c.table, c.end)
-            out[:, c.first:c.stop] = attention_core(q[:, c.first:c.stop], ks, vs, c.start,
-                                                    causal=causal)
+            rows = slice(c.first, c.stop)
+            ks, vs = self._gather(layer, c.table, c.end) if c.start else (k[:, rows], v[:, rows])
+            out[:, rows] = attention_core(q[:, rows], ks, vs, c.start, causal=causal)
         # 3. Decodes and verify chunks, a group at a time, each row at its own position over
         #    its own blocks.
         for g in self.decode_groups:
