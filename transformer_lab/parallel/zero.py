@@ -66,18 +66,25 @@ class _Unit:
         return np.concatenate([np.ravel(leaves[n]) for n in self.names]) if self.names else \
             np.empty(0, self.dtype)
 
-    def segments(self, part):
+    def segments(self, part=None, *, whole=None):
         """{name: view of `part` (this rank's slice of the flat vector)} per array it meets,
         shaped (1, k) for an array that decays and (k,) for one that does not, so AdamW's
-        ndim >= 2 rule decays exactly the numbers AdamW on the whole array would."""
+        ndim >= 2 rule decays exactly the numbers AdamW on the whole array would.
+        whole={name: contiguous array}: the same numbers, as views of the whole arrays."""
         views = {}
         for name, start, stop, decays in zip(self.names, self.offsets, self.offsets[1:],
                                              self.decays):
             lo, hi = max(start, self.lo), min(stop, self.hi)
             if lo < hi:
-                view = part[lo - self.lo:hi - self.lo]
+                view = part[lo - self.lo:hi - self.lo] if whole is None else \
+                    whole[name].reshape(-1)[lo - start:hi - start]
                 views[name] = view.reshape(1, -1) if decays else view
         return views
+
+    def owned(self):
+        """The names of the arrays this rank's part meets."""
+        return [n for n, a, b in zip(self.names, self.offsets, self.offsets[1:])
+                if max(a, self.lo) < min(b, self.hi)]
 
     def unflatten(self, flat):
         """{name: array} from the unit's flat vector (views)."""
@@ -104,14 +111,25 @@ class ZeroAdamW:
             raise ValueError("ZeroAdamW: params holds no arrays")
         leaves = dict(named_params(params))
         self.leaves = leaves
-        # This rank's part of every unit: the params it updates (and, at stage 3, the only
-        # copy it keeps), and AdamW running on those parts alone.
-        self.parts = {u.name: u.flat(leaves)[u.lo:u.hi].copy() for u in self.units}
+        self.parts = None
         if self.stage == 0:
             self.inner = AdamW(params, **adamw_kwargs)
+            return
+        if self.stage == 3:
+            # This rank's part of every unit, the only copy of the params it keeps.
+            self.parts = {u.name: u.flat(leaves)[u.lo:u.hi].copy() for u in self.units}
+            owned = self._segments(self.parts)
         else:
-            self.inner = AdamW(self._segments(self.parts)
-                               or {"nothing": np.zeros(0, self.units[0].dtype)}, **adamw_kwargs)
+            # The params stay whole on every rank: AdamW updates this rank's numbers in
+            # place, through views (each array made contiguous first, so a view is one).
+            for name, a in leaves.items():
+                if not a.flags.c_contiguous:
+                    leaves[name] = np.ascontiguousarray(a)
+            self._write_leaves()
+            owned = {f"{u.name}/{n}": v for u in self.units
+                     for n, v in u.segments(whole=leaves).items()}
+        self.inner = AdamW(owned or {"nothing": np.zeros(0, self.units[0].dtype)},
+                           **adamw_kwargs)
         if self.stage == 3:
             self.release()
 
@@ -148,7 +166,11 @@ class ZeroAdamW:
     def gather_unit(self, unit):
         """{name: array} of a whole unit, all-gathered from every rank's part (a collective)."""
         u = unit if isinstance(unit, _Unit) else next(x for x in self.units if x.name == unit)
-        return u.unflatten(self.comm.all_gather(self.parts[u.name]))
+        return u.unflatten(self.comm.all_gather(self._part(u)))
+
+    def _part(self, u):
+        """This rank's part of unit u's params, as one flat vector."""
+        return self.parts[u.name] if self.stage == 3 else u.flat(self.leaves)[u.lo:u.hi]
 
     def full_params(self):
         """The whole params, gathered (a collective at stage 3, the params themselves below)."""
@@ -197,7 +219,7 @@ class ZeroAdamW:
         return norm
 
     def gathered_into_leaves(self, u):
-        full = self.comm.all_gather(self.parts[u.name])
+        full = self.comm.all_gather(self._part(u))
         for name, a in u.unflatten(full).items():
             self.leaves[name][...] = a
 
@@ -213,7 +235,7 @@ class ZeroAdamW:
             whole = {}
             for u in self.units:
                 part = np.concatenate([moments[f"{u.name}/{n}"].ravel()
-                                       for n in u.segments(self.parts[u.name])]) \
+                                       for n in u.owned()]) \
                     if u.hi > u.lo else np.empty(0, u.dtype)
                 whole.update({n: a.copy() for n, a in
                               u.unflatten(self.comm.all_gather(part)).items()})

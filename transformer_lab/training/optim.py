@@ -155,21 +155,20 @@ class AdamW:
                   math.sqrt(1.0 - beta2 ** t), self.eps, lr / (1.0 - beta1 ** t))
         for name, p in self._params.items():
             decay = bool(self.weight_decay) and p.ndim >= 2
-            buf = self._scratch(p.dtype)
             # The update reads and writes p, g, m and v in blocks of about _CHUNK numbers,
             # each block through all of its 14 passes while it sits in the core's L2 cache:
             # one trip through memory per array, not 14. Each number gets the same
             # operations in the same order as torch's, so the bits do not depend on the
             # blocks.
             for pb, gb, mb, vb in _blocks(p, leaves[name], self.m[name], self.v[name]):
-                _adamw_block(pb, gb, mb, vb, buf[:pb.size].reshape(pb.shape), consts, decay)
+                buf = self._scratch(pb.dtype, pb.size)[:pb.size].reshape(pb.shape)
+                _adamw_block(pb, gb, mb, vb, buf, consts, decay)
 
-    def _scratch(self, dtype):
-        """One scratch block per dtype, as large as the largest block _blocks yields."""
+    def _scratch(self, dtype, size):
+        """One scratch block per dtype, grown to the largest block _blocks has yielded
+        (_CHUNK numbers when the arrays are contiguous, a row when they are not)."""
         flat = self._buffers.get(dtype)
-        if flat is None:
-            size = max(min(a.size, max(_CHUNK, max(a.shape, default=1)))
-                       for a in self._params.values() if a.dtype == dtype)
+        if flat is None or flat.size < size:
             flat = self._buffers[dtype] = np.empty(size, dtype=dtype)
         return flat
 
