@@ -191,7 +191,7 @@ def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None, pr
     not run). None without the model."""
     from transformer_lab import generate_stream
     from transformer_lab.measure import bandwidth_matrix, param_bytes, read_bandwidth
-    from transformer_lab.pretrained.chat_template import apply_chat_template
+    from transformer_lab.pretrained.chat_template import encode_chat
     from transformer_lab.pretrained.gguf import find_model, load_gguf
     try:
         path = find_model()
@@ -199,7 +199,7 @@ def run_smollm2_decode(*, new_tokens=32, rounds=5, use_hf=True, threads=None, pr
     except (FileNotFoundError, ImportError, ValueError) as exc:
         return {"skipped": str(exc).splitlines()[0]}
     threads = threads or blas_threads()[0]
-    prompt = tokenizer.encode(apply_chat_template([{"role": "user", "content": DECODE_QUESTION}]))
+    prompt = encode_chat(tokenizer, [{"role": "user", "content": DECODE_QUESTION}])
     variants = {"packed": packed, "plain": map_params(np.ascontiguousarray, packed)}
 
     def ours(params):

@@ -37,8 +37,7 @@ MAX_NUM_SEQS = 32
 
 def workload(tokenizer, n):
     from .bench_serving import requests
-    from transformer_lab.serve import chat_prompt
-    prompts, outs = requests(tokenizer, chat_prompt, n=n)
+    prompts, outs = requests(tokenizer, n=n)
     return [bench.RequestSpec({"prompt": p, "max_tokens": m, "temperature": 0,
                                "ignore_eos": True}) for p, m in zip(prompts, outs)], prompts, outs
 

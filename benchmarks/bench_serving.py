@@ -20,6 +20,7 @@ import numpy as np
 from transformer_lab.generation import generate_stream
 from transformer_lab.measure import time_side_by_side
 from transformer_lab.measure.agreement import forced_agreement, greedy_agreement
+from transformer_lab.pretrained.chat_template import encode_chat
 from transformer_lab import products
 
 N_REQUESTS = 32
@@ -37,7 +38,7 @@ QUESTIONS = ("Summarise this in one sentence.", "What animals are mentioned?",
              "Why did towns grow here?", "Write a title for this text.")
 
 
-def requests(tokenizer, chat_prompt, n=N_REQUESTS):
+def requests(tokenizer, n=N_REQUESTS):
     """(prompts, output lengths): prompt i is the longest chat prompt of at most its target
     length (16..256 tokens, spread evenly), output i is 16..128 (a fixed permutation)."""
     words = PASSAGE.split()
@@ -45,11 +46,11 @@ def requests(tokenizer, chat_prompt, n=N_REQUESTS):
     prompts = []
     for i, target in enumerate(targets):
         question = QUESTIONS[i % len(QUESTIONS)]
-        best = tokenizer.encode(chat_prompt([{"role": "user", "content": question}]))[:target]
+        best = encode_chat(tokenizer, [{"role": "user", "content": question}])[:target]
         offset = (37 * i) % (len(words) // 2)  # each prompt starts elsewhere: no shared prefix
         for count in range(1, len(words) - offset):
             text = " ".join(words[offset:offset + count]) + "\n\n" + question
-            ids = tokenizer.encode(chat_prompt([{"role": "user", "content": text}]))
+            ids = encode_chat(tokenizer, [{"role": "user", "content": text}])
             if len(ids) > target:
                 break
             best = ids
@@ -244,9 +245,9 @@ def small_m_table(params, repeats=5):
 
 def run_serving(*, n_requests=N_REQUESTS, max_num_seqs=32, small_m=True, hf=True):
     from transformer_lab.pretrained.gguf import find_model, load_gguf
-    from transformer_lab.serve import LLM, SamplingParams, chat_prompt
+    from transformer_lab.serve import LLM, SamplingParams
     cfg, params, tokenizer = load_gguf(find_model())
-    prompts, outs = requests(tokenizer, chat_prompt, n_requests)
+    prompts, outs = requests(tokenizer, n_requests)
     generated = sum(outs)
     result = dict(requests=n_requests, generated_tokens=generated,
                   prompt_tokens=[len(p) for p in prompts], output_tokens=outs,

@@ -39,7 +39,8 @@ def run_speculative(profile_new_tokens=64, prompts_per_kind=2, *, ngram_ks=NGRAM
         except (FileNotFoundError, ImportError, ValueError) as e:
             return {"skipped": str(e).splitlines()[0]}
     cfg, params, tokenizer = model
-    from transformer_lab.cli.chat import chat_prompt
+    from transformer_lab.cli.chat import chat_messages
+    from transformer_lab.pretrained.chat_template import encode_chat
     with blas_threads(threads) if threads else contextlib.nullcontext(True) as before:
         result = {"new_tokens": profile_new_tokens,
                   "blas_threads": (threads or current_blas_threads()[0]) if before else None,
@@ -48,7 +49,8 @@ def run_speculative(profile_new_tokens=64, prompts_per_kind=2, *, ngram_ks=NGRAM
                             "mean is the baseline); decode tokens/s after each run's prefill"}
         prompts = [(kind, text) for kind, texts in PROMPTS.items()
                    for text in texts[:prompts_per_kind]]
-        encoded = [np.array([tokenizer.encode(chat_prompt([], text))]) for _, text in prompts]
+        encoded = [np.array([encode_chat(tokenizer, chat_messages([], text))])
+                   for _, text in prompts]
         longest = max(encoded, key=lambda p: p.shape[1])
         result["verify"] = verify_costs(params, cfg, longest, ks=ngram_ks,
                                         repeats=verify_repeats)

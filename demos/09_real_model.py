@@ -26,7 +26,7 @@ import _common  # (also puts the repo root on sys.path when run from a checkout)
 from console import (fmt_num, fmt_ratio, fmt_time, heatmap, print_observations, print_section, print_table,
                      print_text)
 from transformer_lab import ActivationRecord, KVCache, forward, generate
-from transformer_lab.pretrained.chat_template import apply_chat_template
+from transformer_lab.pretrained.chat_template import encode_chat
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import (UNSTEADY, WAIT_LIMIT, Budget, bandwidth_matrix, matmul_peak,
                                      param_bytes, read_bandwidth, speed_check, time_rows)
@@ -142,8 +142,7 @@ def heads_part(params, cfg, tokenizer, quick):
 
 def kv_part(params, cfg, tokenizer, quick):
     n = QUICK_NEW_TOKENS if quick else NEW_TOKENS
-    text = apply_chat_template([{"role": "user", "content": QUESTION}])
-    prompt = np.array([tokenizer.encode(text)])  # [1, T0]
+    prompt = np.array([encode_chat(tokenizer, [{"role": "user", "content": QUESTION}])])  # [1, T0]
     T0 = prompt.shape[1]
     cached = generate(params, cfg, prompt, n, greedy=True, use_cache=True)
     uncached = generate(params, cfg, prompt, n, greedy=True, use_cache=False)

@@ -56,9 +56,10 @@ def load_target():
     """(name, cfg, params, prompts {kind: [1, T] ids}, tokenizer): SmolLM2 (the process's one
     copy, _common.smollm2), or the stand-in where it is not installed."""
     try:
-        from transformer_lab.cli.chat import chat_prompt
+        from transformer_lab.cli.chat import chat_messages
+        from transformer_lab.pretrained.chat_template import encode_chat
         cfg, params, tokenizer = _common.smollm2()
-        prompts = {kind: np.array([tokenizer.encode(chat_prompt([], texts[0]))])
+        prompts = {kind: np.array([encode_chat(tokenizer, chat_messages([], texts[0]))])
                    for kind, texts in PROMPTS.items()}
         return "smollm2", cfg, params, prompts, tokenizer
     except (OSError, ImportError, ValueError):

@@ -32,7 +32,7 @@ from transformer_lab.pretrained.chat_template import END_OF_TURN
 from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL, BPETokenizer
 from transformer_lab.training import LoRA
 from transformer_lab.training.step import PROBE_STEPS, plan_steps
-from transformer_lab.training.chat_tasks import conversation, encode_example, get_chat_task, pad_rows
+from transformer_lab.training.chat_tasks import conversation_messages, encode_example, get_chat_task, pad_rows
 from transformer_lab.pretrained.model_file import save_model
 
 NUMBER = 17
@@ -107,7 +107,7 @@ def load_base(stand_in):
 def replies(llm, tokenizer, users, max_tokens):
     from transformer_lab.serve.sampling_params import SamplingParams
     sampling = llm.chat_params(SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    return [o.text for o in llm.generate([conversation(u) for u in users], sampling,
+    return [o.text for o in llm.chat([conversation_messages(u) for u in users], sampling,
                                          use_tqdm=False)]
 
 

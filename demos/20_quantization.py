@@ -190,9 +190,10 @@ def kv_part(cfg, acts, n_shown=4):
 def engine_prompts(name, cfg, tokenizer):
     """The workload: chat prompts about the eval text's sentences (SmolLM2), or random ids."""
     if tokenizer is not None:
-        from transformer_lab.cli.chat import chat_prompt
+        from transformer_lab.cli.chat import chat_messages
+        from transformer_lab.pretrained.chat_template import encode_chat
         sentences = [s.strip() + "." for s in TEXT_EVAL.split(". ")][:ENGINE_REQUESTS]
-        return [tokenizer.encode(chat_prompt([], f"Say this in other words: {s}"))
+        return [encode_chat(tokenizer, chat_messages([], f"Say this in other words: {s}"))
                 for s in sentences]
     rng = np.random.default_rng(SEED)
     return [[int(t) for t in rng.integers(0, cfg.vocab, size=n)]

@@ -58,13 +58,13 @@ def test_chat_interactive_session_ends_at_an_empty_line(model_file):
 def test_chat_keeps_earlier_turns(model_file, monkeypatch, capsys):
     path, _, _ = model_file
     prompts = []
-    original = chat.chat_prompt
+    original = chat.chat_messages
 
-    def recording_prompt(turns, question):
+    def recording_messages(turns, question):
         prompts.append(list(turns))
         return original(turns, question)
 
-    monkeypatch.setattr(chat, "chat_prompt", recording_prompt)
+    monkeypatch.setattr(chat, "chat_messages", recording_messages)
     lines = iter(["hi", "the", "exit"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
     assert chat.main(["--gguf", str(path), "--greedy", "--max-new-tokens", "2"]) == 0

@@ -3,6 +3,7 @@ error table, each followed by a request that still succeeds and no block left he
 import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -213,6 +214,24 @@ def test_body_over_the_limit_is_413_without_reading_it(server):
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n")
         assert sock.recv(4096).startswith(b"HTTP/1.1 411 ")
+    still_serving(server)
+
+
+def test_a_slowly_sent_body_over_the_limit_still_gets_its_413(server):
+    """2 MiB sent 64 KiB at a time: the server reads the body before it answers and closes,
+    so the client sees the 413, not a connection reset mid-send."""
+    body = b"x" * (2 << 20)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))
+        for at in range(0, len(body), 1 << 16):
+            sock.sendall(body[at:at + (1 << 16)])
+            time.sleep(0.005)
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 413 ") and b"request_too_large" in reply
     still_serving(server)
 
 

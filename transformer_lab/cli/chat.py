@@ -29,7 +29,7 @@ import numpy as np
 
 from . import (EXIT_INTERRUPTED, OneLineParser, non_empty_path, non_negative_int,
                number_at_least, positive_int, silence_stdout)
-from ..pretrained.chat_template import apply_chat_template, stop_token_ids
+from ..pretrained.chat_template import apply_chat_template, encode_chat, stop_token_ids
 from ..pretrained.gguf import MODEL_INSTALL_COMMAND, find_model
 from ..pretrained.model_file import load_model
 from ..measure import param_bytes, peak_rss_bytes, read_bandwidth
@@ -53,12 +53,14 @@ def clean_question(text: str, err=None) -> str:
     return SURROGATES.sub("\ufffd", text)
 
 
-def encode_with_notes(tokenizer, text: str, shown: set, err=None) -> list[int]:
-    """tokenizer.encode, with its warnings (characters that have no token) as one-line
-    notes on stderr, each shown once per session."""
+def encode_with_notes(tokenizer, prompt, shown: set, err=None) -> list[int]:
+    """The ids of a text (tokenizer.encode) or of a conversation, a list of messages
+    (encode_chat: no message's text becomes a special token), with the tokenizer's
+    warnings (characters that have no token) as one-line notes on stderr, each shown
+    once per session."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ids = tokenizer.encode(text)
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else encode_chat(tokenizer, prompt)
     for warning in caught:
         note = f"note: {warning.message}"
         if note not in shown:
@@ -67,12 +69,17 @@ def encode_with_notes(tokenizer, text: str, shown: set, err=None) -> list[int]:
     return ids
 
 
-def chat_prompt(turns, question: str) -> str:
-    """The prompt for the next answer: earlier (question, answer) turns, the new question,
-    then the assistant's cue. No system message."""
+def chat_messages(turns, question: str) -> list[dict]:
+    """The conversation so far: earlier (question, answer) turns, then the new question.
+    No system message."""
     messages = [{"role": role, "content": text} for q, a in turns
                 for role, text in (("user", q), ("assistant", a))]
-    return apply_chat_template([*messages, {"role": "user", "content": question}])
+    return [*messages, {"role": "user", "content": question}]
+
+
+def chat_prompt(turns, question: str) -> str:
+    """The prompt text for the next answer: chat_messages, then the assistant's cue."""
+    return apply_chat_template(chat_messages(turns, question))
 
 
 def answer(params, cfg, tokenizer, prompt_ids, args, out=None):
@@ -207,7 +214,7 @@ def run(args) -> int:
         else:
             question = args.question
         question = clean_question(question)
-        prompt_ids = encode_with_notes(tokenizer, chat_prompt(turns, question), notes)
+        prompt_ids = encode_with_notes(tokenizer, chat_messages(turns, question), notes)
         if len(prompt_ids) >= cfg.max_seq:
             print(f"error: the conversation ({len(prompt_ids)} tokens) no longer fits the model's "
                   f"context of {cfg.max_seq} tokens", file=sys.stderr)

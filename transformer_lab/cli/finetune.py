@@ -29,7 +29,7 @@ from ..params import named_params
 from ..pretrained.chat_template import stop_token_ids
 from ..pretrained.model_file import (MODEL_FILE, config_to_dict, load_model, save_adapters,
                                      save_model)
-from ..training.chat_tasks import RETENTION, conversation, encode_example, get_chat_task
+from ..training.chat_tasks import RETENTION, conversation_messages, encode_example, get_chat_task
 from ..training.optim import cosine_lr
 from ..training.step import PROBE_STEPS, plan_steps
 from . import EXIT_INTERRUPTED
@@ -52,7 +52,7 @@ def engine_replies(llm):
 
     def replies(users, max_new_tokens):
         sampling = llm.chat_params(SamplingParams(temperature=0.0, max_tokens=max_new_tokens))
-        outputs = llm.generate([conversation(u) for u in users], sampling, use_tqdm=False)
+        outputs = llm.chat([conversation_messages(u) for u in users], sampling, use_tqdm=False)
         return [o.text for o in outputs]
     return replies
 

@@ -11,6 +11,13 @@ The template stored in the model file also puts SMOLLM2_SYSTEM_PROMPT first when
 the messages have no system message; this one writes only the messages it is given
 (the chat command sends none). To match the stored template, pass
 {"role": "system", "content": SMOLLM2_SYSTEM_PROMPT} first.
+
+The safety rule: only the template's own structure becomes special token ids. A message
+is text someone wrote, so encode_chat encodes every content with allowed_special=set():
+a message holding "<|im_end|>\n<|im_start|>system\n..." stays that text, ordinary
+tokens, and cannot open a turn of its own. Between two of the template's special tokens
+the text is encoded as one piece, as the tokenizer cuts the whole prompt text, so a
+conversation free of special texts gets exactly the ids of tokenizer.encode(prompt).
 """
 from __future__ import annotations
 
@@ -59,15 +66,52 @@ def check_messages(messages) -> list[dict]:
     return messages
 
 
+def chat_pieces(messages, add_generation_prompt: bool = True) -> list[tuple[str, bool]]:
+    """The prompt as (text, is_special) pieces: the template's turn markers are special,
+    the roles, newlines and contents not. Joined, the texts are apply_chat_template's."""
+    pieces = []
+    for m in check_messages(messages):
+        pieces += [(START_OF_TURN, True), (f"{m['role']}\n{m['content']}", False),
+                   (END_OF_TURN, True), ("\n", False)]
+    if add_generation_prompt:
+        pieces += [(START_OF_TURN, True), ("assistant\n", False)]
+    return pieces
+
+
 def apply_chat_template(messages, add_generation_prompt: bool = True) -> str:
     """The prompt text for a conversation: each message as a turn, then (by default)
     the assistant's cue, so that what the model writes next is its answer.
 
     messages: a list of {"role": "system" | "user" | "assistant", "content": str}.
-    The text still holds the special tokens as text; the tokenizer turns them into ids.
+    The text holds the special tokens as text: to the model, give encode_chat's ids,
+    which keep a message's own special texts ordinary.
     """
-    text = "".join(turn(m["role"], m["content"]) for m in check_messages(messages))
-    return text + assistant_start() if add_generation_prompt else text
+    return "".join(text for text, _ in chat_pieces(messages, add_generation_prompt))
+
+
+def encode_pieces(tokenizer, pieces) -> list[int]:
+    """Token ids of (text, is_special) pieces: a special piece is its one id; the text
+    between two special pieces, joined, is encoded with no special token allowed."""
+    ids, text = [], []
+    for piece, special in [*pieces, ("", True)]:  # a last empty special ends the text
+        if not special:
+            text.append(piece)
+            continue
+        if text:
+            ids += tokenizer.encode("".join(text), allowed_special=set())
+            text = []
+        if piece:
+            if piece not in tokenizer.special_tokens:
+                raise ValueError(f"the model has no {piece} token, so it does not use the "
+                                 f"ChatML chat template")
+            ids.append(tokenizer.special_tokens[piece])
+    return ids
+
+
+def encode_chat(tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:
+    """The prompt's token ids for a conversation: the template's markers as special ids,
+    every message's content as ordinary text, whatever it holds (the safety rule above)."""
+    return encode_pieces(tokenizer, chat_pieces(messages, add_generation_prompt))
 
 
 def stop_token_ids(tokenizer) -> set[int]:

@@ -3,7 +3,11 @@
 Encoding runs in three stages:
 
 1. special tokens (control and user-defined ones such as <|im_start|>) are cut
-   out of the text whole, each becoming its single id;
+   out of the text whole, each becoming its single id; `allowed_special` (tiktoken's
+   name) says which: "all" of them, or only those in a set. The text of a special token
+   that is not allowed is ordinary text, encoded as its bytes and decoded back to the
+   same text: a chat message is encoded with allowed_special=set(), so no message
+   can hold a turn boundary (chat_template.encode_chat);
 2. the rest is pre-tokenized into words by the model's rules; for "smollm" every
    number character stands alone, then the GPT-2 split separates contractions,
    letter runs, number runs, punctuation runs and whitespace;
@@ -191,16 +195,46 @@ class BPETokenizer:
         self._ids = {}
         for i, tok in enumerate(tokens):
             self._ids.setdefault(tok, i)  # a duplicated string keeps its first id
+        # What BPE's symbols are looked up in: never a special token, so ordinary text
+        # (a disallowed special token's text included) never becomes a special id.
+        self._ordinary_ids = {}
+        for i, (tok, kind) in enumerate(zip(tokens, token_types)):
+            if kind not in SPECIAL_TYPES:
+                self._ordinary_ids.setdefault(tok, i)
         self._ranks = self._merge_ranks(merges)
         self.special_tokens = {tok: i for i, (tok, kind) in enumerate(zip(tokens, token_types))
                                if kind in SPECIAL_TYPES and tok}
         # Longest first, so "<|im_start|>" wins over any special token that is its prefix.
-        alternatives = sorted(self.special_tokens, key=len, reverse=True)
-        self._special_pattern = (re.compile("|".join(map(re.escape, alternatives)))
-                                 if alternatives else None)
+        self._special_pattern = self._pattern_of(self.special_tokens)
         self._bytes = [self._spell(tok, kind) for tok, kind in zip(tokens, token_types)]
-        self.missing_bytes = bytes(b for b in range(256) if BYTE_TO_CHAR[b] not in self._ids)
+        self.missing_bytes = bytes(b for b in range(256)
+                                   if BYTE_TO_CHAR[b] not in self._ordinary_ids)
         self._cache = {}  # word -> (ids, whether bytes were dropped)
+        self._patterns = {}  # frozenset of allowed specials -> their pattern
+
+    @staticmethod
+    def _pattern_of(specials):
+        """The regex matching any of `specials` whole, or None for none."""
+        # Longest first, so "<|im_start|>" wins over any special token that is its prefix.
+        alternatives = sorted(specials, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
+
+    def _special_pattern_for(self, allowed_special):
+        """The pattern of the special tokens `allowed_special` allows ("all", or a set of
+        their texts; ValueError naming a text that is no special token)."""
+        if isinstance(allowed_special, str) and allowed_special == "all":
+            return self._special_pattern
+        if isinstance(allowed_special, str) or not isinstance(allowed_special, (set, frozenset)):
+            raise ValueError(f"tokenizer: allowed_special must be 'all' or a set of special "
+                             f"tokens' texts, got {allowed_special!r:.80}")
+        unknown = sorted(t for t in allowed_special if t not in self.special_tokens)
+        if unknown:
+            raise ValueError(f"tokenizer: allowed_special names {unknown[0]!r:.60}, which is "
+                             f"not a special token of this vocabulary")
+        key = frozenset(allowed_special)
+        if key not in self._patterns:
+            self._patterns[key] = self._pattern_of(key)
+        return self._patterns[key]
 
     @staticmethod
     def _merge_ranks(merges) -> dict:
@@ -278,17 +312,22 @@ class BPETokenizer:
         """The words BPE sees, as text (special tokens are not cut out here)."""
         return self._split_words(text)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; warns (TokenizerWarning) if some characters cannot round-trip."""
+    def encode(self, text: str, *, allowed_special="all") -> list[int]:
+        """Token ids of `text`; warns (TokenizerWarning) if some characters cannot round-trip.
+
+        allowed_special: "all" (every special token's text becomes its id) or a set of the
+        special tokens' texts that do; any other special text is ordinary text (its byte
+        tokens). set() for text a user wrote: then no text becomes a special id."""
         if not isinstance(text, str):
             raise ValueError(f"tokenizer: encode expects a str, got {type(text).__name__}")
+        pattern = self._special_pattern_for(allowed_special)
         surrogates = SURROGATES.findall(text)
         if surrogates:
             text = SURROGATES.sub("\ufffd", text)
         ids, lossy = [], []
         start = 0
-        if self._special_pattern is not None:
-            for match in self._special_pattern.finditer(text):
+        if pattern is not None:
+            for match in pattern.finditer(text):
                 self._encode_ordinary(text[start:match.start()], ids, lossy)
                 ids.append(self.special_tokens[match.group()])
                 start = match.end()
@@ -383,14 +422,14 @@ class BPETokenizer:
         """(ids of the merged symbols, whether a byte with no token was dropped)."""
         ids, dropped = [], False
         for sym in symbols:
-            if sym in self._ids:
-                ids.append(self._ids[sym])
+            if sym in self._ordinary_ids:
+                ids.append(self._ordinary_ids[sym])
             else:
                 # A merge result missing from the vocabulary falls back to its bytes, and
                 # a byte with no token of its own is dropped. Real vocabularies lack only
                 # a few control characters and bytes that start no assigned character
                 # (0xF1, 0xF2: planes 4-11), so ordinary text always round-trips.
-                kept = [self._ids[char] for char in sym if char in self._ids]
+                kept = [self._ordinary_ids[char] for char in sym if char in self._ordinary_ids]
                 dropped = dropped or len(kept) < len(sym)
                 ids.extend(kept)
         return tuple(ids), dropped

@@ -19,7 +19,8 @@ closed) and its request is aborted, which frees its KV blocks before the next st
 Every error is OpenAI's error object with its status and one line on the log:
 400 bad JSON, a field of the wrong type or value, a prompt past the context; 401 a
 wrong or missing key; 404 an unknown route or model; 405 a wrong method; 411 no
-Content-Length; 413 a body over max_body_bytes; 503 the waiting queue full, or the
+Content-Length; 413 a body over max_body_bytes (read and dropped first, up to
+MAX_DISCARD_BYTES, so that a client still sending sees the 413, not a reset); 503 the waiting queue full, or the
 server stopping; 500 anything unexpected. None of them stops the server.
 """
 from __future__ import annotations
@@ -42,6 +43,8 @@ from .openai_protocol import APIError
 from .text_stream import TextStream
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far above any prompt the context holds
+# A body over the limit is still read, up to this many bytes, before the 413 (_discard).
+MAX_DISCARD_BYTES = 16 << 20
 MAX_WAITING = 256  # requests waiting to be admitted before new ones get 503
 POLL = 0.1  # seconds a handler waits for tokens before checking its client is still there
 
@@ -106,6 +109,8 @@ class ApiServer:
             name=self.model_name, tokenizer=tokenizer, vocab=llm.cfg.vocab,
             max_seq=llm.cfg.max_seq, kv_tokens=llm.num_blocks * llm.block_size,
             chat_prompt=chat_prompt if tokenizer is not None else None,
+            chat_ids=((lambda turns: llm.chat_prompt_ids(turns)["prompt_token_ids"])
+                      if tokenizer is not None else None),
             chat_params=llm.chat_params, constraint_index=llm.constraint_index)
         self.created = int(time.time())
         self.engine: EngineLoop | None = None
@@ -336,6 +341,17 @@ class _Handler(BaseHTTPRequestHandler):
                            if given else "Missing API key: send `Authorization: Bearer KEY`.",
                            code="invalid_api_key")
 
+    def _discard(self, n):
+        """Read and drop n bytes of a body the server will not take. Closing a socket with
+        unread bytes makes the kernel reset the connection, and a client still sending
+        would see the reset instead of the 413; read, the 413 reaches it. Beyond
+        MAX_DISCARD_BYTES (or the idle timeout) the server stops reading and closes."""
+        while n > 0:
+            chunk = self.rfile.read1(min(n, 1 << 16))
+            if not chunk:
+                return
+            n -= len(chunk)
+
     def _read_json(self):
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             self.close_connection = True
@@ -354,7 +370,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise APIError(400, f"bad Content-Length {length!r:.40}") from None
         limit = self.server_api.max_body_bytes
         if n > limit:
-            self.close_connection = True  # the body stays unread
+            self.close_connection = True
+            self._discard(min(n, MAX_DISCARD_BYTES))
             raise APIError(413, f"the request body is {n} bytes; this server takes at most "
                                 f"{limit}", code="request_too_large")
         data = self.rfile.read(n)

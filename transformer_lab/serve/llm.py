@@ -24,7 +24,7 @@ import numpy as np
 
 from ..products import invariant_block_rows, row_invariant_products
 from ..params import PACKED_MODULES_BY_KEYS as PACKED_KEYS, PackedGroup, check_params
-from ..pretrained.chat_template import apply_chat_template, stop_token_ids
+from ..pretrained.chat_template import apply_chat_template, encode_chat, stop_token_ids
 from ..validate import check_int
 from ..speculative import Sampler, accept
 from ..structured import Guide, TokenIndex, compile_regex
@@ -236,16 +236,16 @@ class LLM:
 
     def _token_ids(self, index, prompt):
         """(text or None, ids) of one prompt: a string, ids, or vLLM's {"prompt": ...} or
-        {"prompt_token_ids": ...}."""
+        {"prompt_token_ids": ...} (beside which a "prompt" is the ids' text, not encoded)."""
+        text = None
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                prompt = prompt["prompt_token_ids"]
+                text, prompt = prompt.get("prompt"), prompt["prompt_token_ids"]
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
                 raise ValueError(f"request {index}: a dict prompt needs 'prompt' or "
                                  f"'prompt_token_ids', got keys {sorted(prompt)}")
-        text = None
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"request {index}: a text prompt needs a tokenizer; this LLM "
@@ -447,12 +447,19 @@ class LLM:
             raise ValueError("chat needs a tokenizer; this LLM has none")
         if isinstance(messages, (list, tuple)) and messages and isinstance(messages[0], dict):
             messages = [messages]
-        prompts = [chat_prompt(list(conversation), add_generation_prompt)
+        prompts = [self.chat_prompt_ids(list(conversation), add_generation_prompt)
                    for conversation in messages]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         sampling_params = [self.chat_params(p) for p in sampling_params]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def chat_prompt_ids(self, conversation, add_generation_prompt=True) -> dict:
+        """One conversation as a prompt {"prompt_token_ids", "prompt"}: the template's markers
+        as special ids, each message's content as ordinary text whatever it holds, so no
+        message can open a turn of its own (chat_template.encode_chat)."""
+        return {"prompt_token_ids": encode_chat(self.tokenizer, conversation, add_generation_prompt),
+                "prompt": chat_prompt(conversation, add_generation_prompt)}
 
     @property
     def chat_stop_ids(self) -> tuple:

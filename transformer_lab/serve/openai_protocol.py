@@ -69,6 +69,7 @@ class ModelInfo:
     max_seq: int  # the model's context
     kv_tokens: int  # positions the whole KV pool holds (num_blocks * block_size)
     chat_prompt: object = None  # messages -> prompt text (the model's chat template)
+    chat_ids: object = None  # messages -> prompt ids, no message's text a special id
     chat_params: object = None  # SamplingParams -> the same that stop at a turn's end (LLM's)
     constraint_index: object = None  # SamplingParams -> its compiled constraint (LLM's)
 
@@ -372,7 +373,7 @@ def parse_chat(body, model: ModelInfo) -> GenerationRequest:
         raise _wrong_type("messages", "an array of messages", messages)
     if not messages:
         raise bad_request("'messages' is empty", param="messages")
-    if model.tokenizer is None or model.chat_prompt is None:
+    if model.tokenizer is None or model.chat_prompt is None or model.chat_ids is None:
         raise bad_request("this model has no tokenizer and chat template; use /v1/completions "
                           "with token ids", param="messages")
     turns = []
@@ -398,7 +399,10 @@ def parse_chat(body, model: ModelInfo) -> GenerationRequest:
             raise _wrong_type(f"{where}.content", "a string", content)
         turns.append({"role": role, "content": content})
     text = model.chat_prompt(turns)
-    ids = _encode(model, text, "messages")
+    with warnings.catch_warnings():  # characters with no token: dropped, as offline
+        warnings.simplefilter("ignore")
+        # A message's content never parses special tokens: no message forges a turn.
+        ids = model.chat_ids(turns)
     return _common(body, model, "chat", ids, text, "max_completion_tokens")
 
 

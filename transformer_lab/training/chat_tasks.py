@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..pretrained.chat_template import END_OF_TURN, SMOLLM2_SYSTEM_PROMPT, apply_chat_template
+from ..pretrained.chat_template import END_OF_TURN, SMOLLM2_SYSTEM_PROMPT, chat_pieces, encode_pieces
 from ..validate import check_int
 
 CHAT_TASKS = ("json-extract", "identity")
@@ -229,19 +229,29 @@ class ChatExample:
     fields: object = None
 
 
+def conversation_messages(user: str) -> list[dict]:
+    """The chat before the answer: the default system turn, then the user turn."""
+    return [{"role": "system", "content": SMOLLM2_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def conversation_pieces(user: str, answer: str | None = None) -> list[tuple[str, bool]]:
+    """The chat as the template's (text, is_special) pieces: conversation_messages, the
+    assistant's cue, and then, if given, the answer and the end-of-turn token."""
+    pieces = chat_pieces(conversation_messages(user))
+    return pieces if answer is None else pieces + [(answer, False), (END_OF_TURN, True)]
+
+
 def conversation(user: str, answer: str | None = None) -> str:
-    """The text of the chat: the default system turn, the user turn, the assistant's cue,
-    and then, if given, the answer and the end-of-turn token."""
-    prompt = apply_chat_template([{"role": "system", "content": SMOLLM2_SYSTEM_PROMPT},
-                                  {"role": "user", "content": user}])
-    return prompt if answer is None else prompt + answer + END_OF_TURN
+    """The text of the chat (conversation_pieces joined)."""
+    return "".join(text for text, _ in conversation_pieces(user, answer))
 
 
 def encode_example(tokenizer, example: ChatExample):
     """(tokens, targets), int64 [L] each, of one conversation with its answer: targets[i]
-    is tokens[i + 1] where that token is the answer's or its end of turn, else -1."""
-    prompt = tokenizer.encode(conversation(example.user))
-    ids = tokenizer.encode(conversation(example.user, example.answer))
+    is tokens[i + 1] where that token is the answer's or its end of turn, else -1. The
+    user's and the answer's texts are ordinary text, whatever they hold (encode_pieces)."""
+    prompt = encode_pieces(tokenizer, conversation_pieces(example.user))
+    ids = encode_pieces(tokenizer, conversation_pieces(example.user, example.answer))
     if ids[:len(prompt)] != prompt:  # the answer's first word merged into the prompt's last
         raise ValueError(f"the answer does not start a new token after the prompt: "
                          f"{example.user!r:.60}")
