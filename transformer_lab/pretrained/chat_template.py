@@ -114,6 +114,21 @@ def encode_chat(tokenizer, messages, add_generation_prompt: bool = True) -> list
     return encode_pieces(tokenizer, chat_pieces(messages, add_generation_prompt))
 
 
+def jinja_template(default_system: str | None = SMOLLM2_SYSTEM_PROMPT) -> str:
+    """This template in Jinja, as a GGUF file's tokenizer.chat_template (and HF's
+    tokenizer_config.json) carry it, for llama.cpp and transformers to apply: SmolLM2's,
+    which puts `default_system` first when the messages have no system message."""
+    def literal(text):  # a Jinja string in single quotes
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    system = ("" if default_system is None else
+              "{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+              + literal(turn("system", default_system)) + " }}{% endif %}")
+    return ("{% for message in messages %}" + system
+            + "{{" + literal(START_OF_TURN) + " + message['role'] + '\\n' + message['content'] + "
+            + literal(END_OF_TURN + "\n") + "}}{% endfor %}"
+            "{% if add_generation_prompt %}{{ " + literal(assistant_start()) + " }}{% endif %}")
+
+
 def stop_token_ids(tokenizer) -> set[int]:
     """The ids that end an answer: the end of turn, and the tokenizer's end-of-text if it
     has one. ValueError if the vocabulary has no end-of-turn token: such a model does
