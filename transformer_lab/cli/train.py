@@ -102,7 +102,7 @@ def build_parser():
     p = OneLineParser(
         prog=PROG, description="Train a small transformer on a built-in task in pure NumPy.",
         epilog="Exit codes: 0 done, 1 unreadable data or checkpoint, or a non-finite loss, "
-               "2 bad options, 130 interrupted (a checkpoint is saved first).")
+               f"2 bad options, {EXIT_INTERRUPTED} interrupted (a checkpoint is saved first).")
     p.add_argument("--task", choices=TASKS + CHAT_TASKS, metavar="TASK", default="addition",
                    help="induction, addition (default), reverse or text; with --init: "
                         "json-extract or identity")
