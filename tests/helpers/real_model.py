@@ -17,3 +17,11 @@ def installed_model():
 MODEL_PATH = installed_model()
 needs_real_model = pytest.mark.skipif(
     MODEL_PATH is None, reason=f"needs the gguf package and the default model: {INSTALL}")
+
+
+def real_tokenizer():
+    """SmolLM2's tokenizer read from its file; the calling test skips without it."""
+    if MODEL_PATH is None:
+        pytest.skip(f"needs the gguf package and the default model: {INSTALL}")
+    from transformer_lab.pretrained.gguf import open_gguf, tokenizer_from_metadata
+    return tokenizer_from_metadata(open_gguf(MODEL_PATH), MODEL_PATH)

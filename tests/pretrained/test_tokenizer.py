@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import transformer_lab.pretrained.tokenizer as tokenizer_module
+from real_model import real_tokenizer
 from transformer_lab import BPETokenizer
 from transformer_lab.pretrained.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, CONTROL, NORMAL, USER_DEFINED,
                                        TokenizerWarning, bytes_to_unicode, split_gpt2,
@@ -182,13 +183,7 @@ def test_bad_ids_and_inputs(tok):
 
 @pytest.fixture(scope="module")
 def real_tok():
-    pytest.importorskip("gguf")
-    from transformer_lab.pretrained.gguf import find_model, open_gguf, tokenizer_from_metadata
-    try:
-        path = find_model()
-    except FileNotFoundError as exc:
-        pytest.skip(f"default model not installed: {exc}")
-    return tokenizer_from_metadata(open_gguf(path), path)
+    return real_tokenizer()
 
 
 # Ids from an independent implementation of the same tokenizer.

@@ -4,6 +4,7 @@ other special token ever; allowed sets agree with outlines-core (test only) alon
 import numpy as np
 import pytest
 
+from real_model import real_tokenizer
 from tiny_model import tiny_tokenizer
 from transformer_lab.structured import TokenIndex, compile_regex, schema_to_regex
 from transformer_lab.structured.index import Guide, allowed_reference
@@ -69,13 +70,7 @@ def test_the_guide_follows_the_tokens():
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
-    pytest.importorskip("gguf", reason="the gguf package reads SmolLM2's tokenizer")
-    from transformer_lab.pretrained.gguf import find_model, open_gguf, tokenizer_from_metadata
-    try:
-        path = find_model()
-    except FileNotFoundError as exc:
-        pytest.skip(f"SmolLM2 not installed: {exc}")
-    return tokenizer_from_metadata(open_gguf(path), path)
+    return real_tokenizer()
 
 
 # Regexes whose accepting states have no way on: there outlines-core 0.2.14 and the full
