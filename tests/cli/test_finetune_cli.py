@@ -62,6 +62,20 @@ def test_a_full_fine_tune_changes_every_weight(tiny_model, tmp_path, capsys):
         assert not np.array_equal(a, b), name
 
 
+def test_gguf_writes_the_model_beside_model_npz(tiny_model, tmp_path, capsys):
+    pytest.importorskip("gguf", reason="reading GGUF back needs the gguf package")
+    path, _, _, _ = tiny_model
+    out = tmp_path / "run"
+    assert train.main(["--init", str(path), "--task", "identity", "--batch", "2", "--eval", "0",
+                       "--steps", "2", "--lora", "2", "--gguf", "f32", "--out", str(out)]) == 0
+    assert f"and {out / 'model-f32.gguf'}" in capsys.readouterr().out
+    cfg, tuned, tok = load_model(out / "model.npz")
+    cfg2, written, tok2 = load_model(out / "model-f32.gguf")
+    assert cfg2 == cfg and tok2.to_dict() == tok.to_dict()
+    for (name, a), (_, b) in zip(named_params(tuned), named_params(written)):
+        assert np.array_equal(a, b), name
+
+
 def test_minutes_stop_the_run_by_the_clock(tiny_model, tmp_path, capsys, monkeypatch):
     path = tiny_model[0]
     clock = iter(np.arange(0.0, 1e6, 1.0))  # every reading of the clock is one second later
@@ -131,6 +145,8 @@ def _usage_error(argv, capsys):
     (["--task", "json-extract"], "--task json-extract fine-tunes a pretrained chat model: give "
                                  "--init smollm2"),
     (["--lora", "8"], "--lora applies to fine-tuning: give --init smollm2"),
+    (["--gguf", "q8_0"], "--gguf applies to fine-tuning: give --init smollm2"),
+    (["--init", "smollm2", "--task", "identity", "--gguf", "q5_k"], "argument --gguf: invalid choice"),
     (["--init", "smollm2", "--task", "addition"], "--init fine-tunes a chat model on a chat task"),
     (["--init", "smollm2", "--task", "identity", "--d-model", "64"],
      "--d-model applies to training from scratch"),

@@ -86,7 +86,8 @@ def test_no_import_cycle_in_the_package():
 
 # ---------------------------------------------------------------- the layers
 
-ENTRY_POINTS = {"transformer_lab.chat", "transformer_lab.train", "transformer_lab.serve.__main__"}
+ENTRY_POINTS = {"transformer_lab.chat", "transformer_lab.train", "transformer_lab.export",
+                "transformer_lab.serve.__main__"}
 
 
 def layer_table():

@@ -27,6 +27,7 @@ import numpy as np
 from ..measure import peak_rss_bytes
 from ..params import named_params
 from ..pretrained.chat_template import stop_token_ids
+from ..pretrained.gguf_write import save_gguf
 from ..pretrained.model_file import (MODEL_FILE, config_to_dict, load_model, save_adapters,
                                      save_model)
 from ..training.chat_tasks import RETENTION, conversation_messages, encode_example, get_chat_task
@@ -55,6 +56,11 @@ def engine_replies(llm):
         outputs = llm.chat([conversation_messages(u) for u in users], sampling, use_tqdm=False)
         return [o.text for o in outputs]
     return replies
+
+
+def gguf_file(dtype) -> str:
+    """The GGUF file --gguf TYPE writes beside model.npz: model-TYPE.gguf."""
+    return f"model-{dtype}.gguf"
 
 
 def _fraction(pair) -> str:
@@ -151,7 +157,13 @@ def run_finetune(args, parser, ranks=None) -> int:
             if lora:
                 save_adapters(args.out / ADAPTER_FILE, lora.adapters, cfg, rank=lora.rank,
                               alpha=lora.alpha, targets=lora.targets, fine_tune=info)
-    files = f"{args.out / MODEL_FILE}" + (f" and {args.out / ADAPTER_FILE}" if lora else "")
+            gguf = getattr(args, "gguf", None)
+            if gguf:  # the same weights for llama.cpp and HF (pretrained/gguf_write.py)
+                save_gguf(args.out / gguf_file(gguf), merged, cfg, tokenizer, dtype=gguf,
+                          name=f"{args.task} fine-tune of {args.init}")
+    names = [MODEL_FILE] + [ADAPTER_FILE] * bool(lora) + [gguf_file(gguf)] * bool(gguf)
+    files = " and ".join([", ".join(str(args.out / f) for f in names[:-1]),
+                          str(args.out / names[-1])][len(names) == 1:])
     if not history:
         say(f"no step fitted in --minutes {args.minutes:g}; saved the model unchanged to {files}")
         return 0

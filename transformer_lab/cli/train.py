@@ -27,7 +27,9 @@ the learning-rate schedule) planned from the first steps' measured time. The hel
 scores and the retention questions are evaluated before and after, through the
 serving engine. DIR/model.npz holds the merged weights, the config and the tokenizer
 (it runs alone: LLM("DIR/model.npz"), chat and serve --model); with --lora,
-DIR/adapter.npz holds the adapters alone. Ctrl-C stops after the current step and
+DIR/adapter.npz holds the adapters alone; with --gguf TYPE, DIR/model-TYPE.gguf holds
+the same model for llama.cpp and HF transformers (cli/export.py writes one from any
+model.npz). Ctrl-C stops after the current step and
 saves the model trained so far (every file is written atomically).
 
 Data parallel (cli/ranks.py): `mpiexec -n 2 python -m transformer_lab.train ... --dp 2`
@@ -59,6 +61,7 @@ from ..training.optim import cosine_lr
 from ..training.tasks import TASKS, get_task
 from ..training.chat_tasks import CHAT_TASKS
 from .finetune import run_finetune
+from ..pretrained.gguf_write import DTYPES as GGUF_TYPES
 from .ranks import Ranks, add_options as add_parallel_options, check_run, quiet_unless_rank_0
 from .ranks import relaunch, resolve as resolve_ranks
 from .train_loop import HISTORY, Interrupted, Progress, run_steps, write_json_atomic
@@ -83,7 +86,7 @@ FINETUNE = dict(steps=100, batch=8, lr_lora=2e-3, lr_full=3e-5, weight_decay=0.0
 # Options of the from-scratch models, which a pretrained model already fixes, and back.
 SCRATCH_ONLY = ("data", "digits", "seq", "arch", "d_model", "layers", "heads", "resume",
                 "quick", "samples", "save_every", "precision")
-FINETUNE_ONLY = ("lora", "lora_alpha", "checkpoint", "minutes", "micro_batches", "eval")
+FINETUNE_ONLY = ("lora", "lora_alpha", "checkpoint", "minutes", "micro_batches", "eval", "gguf")
 # On --resume the model and its data are the checkpoint's; the training options may change.
 FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed", "precision")
 CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
@@ -166,6 +169,9 @@ def build_parser():
     ft.add_argument("--eval", metavar="N", type=int_at_least(0),
                     help=f"held-out examples scored before and after (default "
                          f"{FINETUNE['eval']}; 0: no evaluation)")
+    ft.add_argument("--gguf", metavar="TYPE", choices=GGUF_TYPES,
+                    help=f"also write the model as model-TYPE.gguf beside model.npz, for "
+                         f"llama.cpp and HF transformers: {', '.join(GGUF_TYPES)}")
     add_parallel_options(p)
     p.add_argument("--quick", action="store_true",
                    help=f"a tiny run: {QUICK['steps']} steps, batch {QUICK['batch']}, "
