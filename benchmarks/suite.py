@@ -15,6 +15,7 @@ from .bench_attention import run_attention
 from .bench_model import (make_params, memory_report, mid_config, run_decode, run_forward,
                           run_smollm2_decode)
 from .bench_online import print_online, run_online
+from .bench_parallel import parallel_targets, print_parallel, run_parallel
 from .bench_serving import print_serving, run_serving, serving_targets
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
 from .bench_structured import print_structured, run_structured, structured_targets
@@ -24,10 +25,11 @@ from .machine import load_average, machine_info
 from .output import Output
 
 SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative",
-            "finetune", "structured")
+            "finetune", "structured", "parallel")
 # What a run without --only covers: serving, online, speculative and finetune need the real model
-# (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), so they
-# run when named (python -m benchmarks --only serving).
+# (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), and
+# parallel starts ranks of its own under mpiexec, so they run when named
+# (python -m benchmarks --only serving).
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -146,6 +148,8 @@ def evaluate_targets(results):
         targets += structured_targets(results["structured"])
     if results.get("serving"):
         targets += serving_targets(results["serving"])
+    if results.get("parallel"):
+        targets += parallel_targets(results["parallel"])
     dec = results.get("decode")
     if dec:
         lin = dec.get("linearity")
@@ -281,6 +285,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
         results["structured"] = run_structured(profile.structured_prompts)
         results["load"]["after_structured"] = load_average()
         print_structured(out, results["structured"])
+
+    if "parallel" in sections:
+        results["parallel"] = run_parallel(quick=profile.name == "quick")
+        results["load"]["after_parallel"] = load_average()
+        print_parallel(out, results["parallel"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
