@@ -178,6 +178,15 @@ def test_run_all_bad_options_exit_2_with_one_line(args, needle, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+def test_run_all_takes_the_demos_that_exist_and_names_them_past_a_gap(capsys):
+    # The numbers are the files in demos/, not a range: a missing number (22, 23) is
+    # neither run nor accepted.
+    numbers = [d.NUMBER for d in DEMOS]
+    assert numbers == sorted(numbers) and 24 in numbers and 22 not in numbers
+    status, _, err = exit_status(run_all_main, ["--only", "22"], capsys)
+    assert status == 2 and "unknown demo number '22'" in err and ", 21, 24" in err
+
+
 def test_bad_language_from_the_environment_exits_2():
     out = run("run_all.py", "--quick", env={**ENV, "TRANSFORMER_LAB_LANG": "de"})
     assert out.returncode == 2 and "TRANSFORMER_LAB_LANG" in out.stderr

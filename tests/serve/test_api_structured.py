@@ -77,6 +77,12 @@ def test_vllm_structured_outputs_field(client):
      "response_format", "'name' string"),
     ({"response_format": {"type": "yaml"}}, "response_format", "must be text, json_object"),
     ({"structured_outputs": {"regex": "(a"}}, "structured_outputs", "missing ), unterminated"),
+    ({"structured_outputs": {"regex": "ab(?=c)"}}, "structured_outputs",
+     "lookahead (?=...) is not supported at position 2"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs",
+     "schema is not JSON: Expecting property name"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+     "structured_outputs", "give response_format or structured_outputs, not both"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "choice is an empty list"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs",
      "give exactly one of"),
@@ -91,6 +97,6 @@ def test_bad_constraints_are_400s_and_the_server_goes_on(client, server, extra, 
                                        extra_body=extra)
     error = info.value.body
     assert error["type"] == "invalid_request_error" and error["param"] == param
-    assert message in error["message"]
+    assert message in error["message"] and "\n" not in error["message"]  # one clear line
     status, _, _ = post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert status == 200

@@ -113,10 +113,12 @@ def test_max_tokens_before_the_end_is_length(model):
     (dict(choice=[]), "choice is an empty list"),
     (dict(choice=["a", 1]), "choice must be a list of strings"),
     (dict(json=3), "json must be a schema"),
+    (dict(json="{not json"), "json: schema is not JSON: Expecting property name"),
 ])
 def test_bad_structured_outputs_params(kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as info:
         StructuredOutputsParams(**kwargs)
+    assert "\n" not in str(info.value)  # one clear line
 
 
 def test_a_bad_constraint_names_the_request(model):
@@ -129,6 +131,11 @@ def test_a_bad_constraint_names_the_request(model):
     schema = StructuredOutputsParams(json={"type": "integer", "minimum": 1})
     with pytest.raises(ValueError, match="unsupported keyword 'minimum'"):
         llm.generate([[5]], SamplingParams(max_tokens=8, structured_outputs=schema),
+                     use_tqdm=False)
+    lookahead = StructuredOutputsParams(regex="ab(?=c)")
+    with pytest.raises(ValueError, match=r"request 0: structured_outputs: regex 'ab\(\?=c\)': "
+                                         r"lookahead \(\?=\.\.\.\) is not supported at position 2$"):
+        llm.generate([[5]], SamplingParams(max_tokens=8, structured_outputs=lookahead),
                      use_tqdm=False)
     with pytest.raises(ValueError, match="need a tokenizer"):
         LLM.from_params(cfg, params).generate([[5]], good, use_tqdm=False)

@@ -7,7 +7,7 @@ vLLM's names (SamplingParams(structured_outputs=StructuredOutputsParams(...))):
     choice=[str, ...]   the output is exactly one of the strings
     json_object=True    any JSON object, nested at most JSON_OBJECT_DEPTH deep
 
-Exactly one of them, or a ValueError. The engine compiles the constraint into a DFA
+Exactly one of them, or a ValueError (so is schema text that is not JSON). The engine compiles the constraint into a DFA
 and its TokenIndex over the tokenizer's vocabulary (once per distinct constraint, then
 cached) and masks every token the output could not continue with, before temperature,
 top-k, top-p and min-p, as vLLM does. The end of sequence is allowed only where the
@@ -55,6 +55,11 @@ class StructuredOutputsParams:
             return f"json_object must be True, got {self.json_object!r}"
         if self.json is not None and not isinstance(self.json, (dict, str)):
             return f"json must be a schema (a dict or JSON text), got {type(self.json).__name__}"
+        if isinstance(self.json, str):  # cheap to check here; the rest waits for the engine
+            try:
+                json.loads(self.json)
+            except ValueError as e:
+                return f"json: schema is not JSON: {e}"
         if self.regex is not None and not isinstance(self.regex, str):
             return f"regex must be a string, got {type(self.regex).__name__}"
         if self.choice is not None:
