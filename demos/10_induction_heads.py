@@ -272,50 +272,58 @@ def _at(curve, step):
     return next(c for c in curve if c["step"] == step)
 
 
+def findings(result):
+    """The facts and verdicts the observations state, from the computed result."""
+    curve, ph = result["curve"], result["phase"]
+    first, last, disp = curve[0], curve[-1], result["display"]
+    f = {"phase": ph, "start_repeat": first["repeat"], "final_repeat": last["repeat"],
+         "last_step": last["step"], "first_flat": result["first_max_dev"] <= CHANCE_BAND,
+         "first_max_dev": result["first_max_dev"], "first_worst_step": result["first_worst_step"],
+         "final_first": last["first"], "first_back": abs(last["first"] - result["chance"]),
+         "prev_head": result["prev_head"],
+         "prev_score": result["prev_scores"][0][result["prev_head"]],
+         "induction_head": result["induction_head"],
+         "induction_score": result["induction_scores"][1][result["induction_head"]],
+         "heat": (disp["prev_mean"], disp["induction_mean"]), "together": None}
+    if ph is not None:  # both heads' scores at the start, across the steepest window, at the end
+        a, b = _at(curve, ph["window_from"]), _at(curve, ph["window_to"])
+        f["together"] = {k: (first[k], a[k], b[k], last[k]) for k in ("induction", "prev")}
+    return f
+
+
 def observations(result, lang):
-    t = TEXT[lang]
-    curve, chance = result["curve"], result["chance"]
-    last = curve[-1]
-    items = []
-    ph = result["phase"]
+    t, f = TEXT[lang], findings(result)
+    chance, ph = result["chance"], f["phase"]
     if ph is None:
-        items.append(t["obs_no_phase"].format(n=last["step"], final=f"{last['repeat']:.3f}",
-                                              chance=chance))
+        items = [t["obs_no_phase"].format(n=f["last_step"], final=f"{f['final_repeat']:.3f}",
+                                          chance=chance)]
     else:
-        items.append(t["obs_phase"].format(
+        items = [t["obs_phase"].format(
             a=ph["from_step"], b=ph["to_step"], la=f"{ph['from_loss']:.3f}",
             lb=f"{ph['to_loss']:.3f}", s=ph["step"], w=result["phase_window"],
             w0=ph["window_from"], w1=ph["window_to"], lw0=f"{ph['window_from_loss']:.3f}",
             lw1=f"{ph['window_to_loss']:.3f}", share=f"{ph['window_share']:.0%}",
-            l0=f"{curve[0]['repeat']:.3f}", n=last["step"], final=f"{last['repeat']:.3f}"))
-    dev = f"{result['first_max_dev']:.3f}"
-    if result["first_max_dev"] <= CHANCE_BAND:
+            l0=f"{f['start_repeat']:.3f}", n=f["last_step"], final=f"{f['final_repeat']:.3f}")]
+    dev = f"{f['first_max_dev']:.3f}"
+    if f["first_flat"]:
         items.append(t["obs_first_flat"].format(dev=dev, v=result["vocab"], chance=chance))
     else:
         items.append(t["obs_first_bump"].format(dev=dev, v=result["vocab"], chance=chance,
-                                                at=result["first_worst_step"], n=last["step"],
-                                                final=f"{last['first']:.3f}",
-                                                back=f"{abs(last['first'] - chance):.3f}"))
-    items.append(t["obs_prev"].format(h=result["prev_head"],
-                                      s=f"{result['prev_scores'][0][result['prev_head']]:.2f}",
+                                                at=f["first_worst_step"], n=f["last_step"],
+                                                final=f"{f['final_first']:.3f}",
+                                                back=f"{f['first_back']:.3f}"))
+    items.append(t["obs_prev"].format(h=f["prev_head"], s=f"{f['prev_score']:.2f}",
                                       u=f"{result['even_prev']:.2f}"))
-    items.append(t["obs_ind"].format(
-        h=result["induction_head"],
-        s=f"{result['induction_scores'][1][result['induction_head']]:.2f}",
-        u=f"{result['even_induction']:.2f}"))
-    disp = result["display"]
-    items.append(t["obs_heat"].format(off=disp["period"] - 1, wp=f"{disp['prev_mean']:.2f}",
-                                      w=f"{disp['induction_mean']:.2f}"))
-    if ph is not None:
-        a, b = _at(curve, ph["window_from"]), _at(curve, ph["window_to"])
+    items.append(t["obs_ind"].format(h=f["induction_head"], s=f"{f['induction_score']:.2f}",
+                                     u=f"{result['even_induction']:.2f}"))
+    items.append(t["obs_heat"].format(off=result["display"]["period"] - 1,
+                                      wp=f"{f['heat'][0]:.2f}", w=f"{f['heat'][1]:.2f}"))
+    if f["together"] is not None:
+        (i0, ia, ib, in_), (p0, pa, pb, pn) = f["together"]["induction"], f["together"]["prev"]
         items.append(t["obs_together"].format(a=ph["window_from"], b=ph["window_to"],
-                                              ia=f"{a['induction']:.2f}",
-                                              ib=f"{b['induction']:.2f}",
-                                              pa=f"{a['prev']:.2f}", pb=f"{b['prev']:.2f}",
-                                              i0=f"{curve[0]['induction']:.2f}",
-                                              p0=f"{curve[0]['prev']:.2f}",
-                                              in_=f"{last['induction']:.2f}",
-                                              pn=f"{last['prev']:.2f}"))
+                                              ia=f"{ia:.2f}", ib=f"{ib:.2f}", pa=f"{pa:.2f}",
+                                              pb=f"{pb:.2f}", i0=f"{i0:.2f}", p0=f"{p0:.2f}",
+                                              in_=f"{in_:.2f}", pn=f"{pn:.2f}"))
     return items
 
 

@@ -151,32 +151,43 @@ def _loss(row):
     return f"{row['mean']:.3f} ± {row['std']:.3f}"
 
 
-def observations(result, lang):
-    t = TEXT[lang]
+def findings(result):
+    """The facts and verdicts the observations state, from the computed result: the changes
+    ranked by gain, those that made the loss worse, those inside the seed spread."""
     rows = result["rows"]
     changes = rows[1:]
-    ranked = sorted(changes, key=lambda r: r["gain"], reverse=True)
-    best, second, least = ranked[0], ranked[1], ranked[-1]
-    above = {r["name"]: rows[i] for i, r in enumerate(rows[1:])}
-    items = [t["obs_rank"].format(best=t[best["name"]], a=f"{above[best['name']]['mean']:.3f}",
-                                  b=f"{best['mean']:.3f}", g=f"{best['gain']:.3f}",
-                                  second=t[second["name"]], g2=_change(second["gain"], t),
-                                  least=t[least["name"]], g3=_change(least["gain"], t))]
-    for r in changes:
-        if r["gain"] < 0:
-            items.append(t["obs_worse"].format(name=t[r["name"]],
-                                               a=f"{above[r['name']]['mean']:.3f}",
-                                               b=f"{r['mean']:.3f}"))
+    above = {r["name"]: rows[i] for i, r in enumerate(changes)}  # the row each change is added to
     spread = {r["name"]: max(r["std"], above[r["name"]]["std"]) for r in changes}
-    small = [r for r in changes if abs(r["gain"]) <= spread[r["name"]]]
-    if small:
+    small = [r["name"] for r in changes if abs(r["gain"]) <= spread[r["name"]]]
+    return {"ranked": [r["name"] for r in sorted(changes, key=lambda r: r["gain"], reverse=True)],
+            "gain": {r["name"]: r["gain"] for r in changes},
+            "before": {name: row["mean"] for name, row in above.items()},
+            "after": {r["name"]: r["mean"] for r in changes},
+            "worse": [r["name"] for r in changes if r["gain"] < 0],
+            "within_noise": small,
+            "noise": max(spread[n] for n in small) if small else max(r["std"] for r in rows),
+            "total": (rows[0]["mean"], rows[-1]["mean"])}
+
+
+def observations(result, lang):
+    t, f = TEXT[lang], findings(result)
+    best, second, least = f["ranked"][0], f["ranked"][1], f["ranked"][-1]
+    gain = f["gain"]
+    items = [t["obs_rank"].format(best=t[best], a=f"{f['before'][best]:.3f}",
+                                  b=f"{f['after'][best]:.3f}", g=f"{gain[best]:.3f}",
+                                  second=t[second], g2=_change(gain[second], t),
+                                  least=t[least], g3=_change(gain[least], t))]
+    for name in f["worse"]:
+        items.append(t["obs_worse"].format(name=t[name], a=f"{f['before'][name]:.3f}",
+                                           b=f"{f['after'][name]:.3f}"))
+    if f["within_noise"]:
         sep = "”、“" if lang == "zh" else "\", \""
-        items.append(t["obs_noise_some"].format(names=sep.join(t[r["name"]] for r in small),
-                                                s=f"{max(spread[r['name']] for r in small):.3f}"))
+        items.append(t["obs_noise_some"].format(names=sep.join(t[n] for n in f["within_noise"]),
+                                                s=f"{f['noise']:.3f}"))
     else:
-        items.append(t["obs_noise"].format(s=f"{max(r['std'] for r in rows):.3f}"))
-    items.append(t["obs_total"].format(n=result["steps"], a=f"{rows[0]['mean']:.3f}",
-                                       b=f"{rows[-1]['mean']:.3f}", chance=result["chance"]))
+        items.append(t["obs_noise"].format(s=f"{f['noise']:.3f}"))
+    items.append(t["obs_total"].format(n=result["steps"], a=f"{f['total'][0]:.3f}",
+                                       b=f"{f['total'][1]:.3f}", chance=result["chance"]))
     items.append(t["obs_kinds"].format(p1=f"{result['params']['gpt2']:,}",
                                        p2=f"{result['params']['llama']:,}"))
     return items

@@ -1,5 +1,6 @@
-"""Demo 10's observations, asserted on one --quick training run (computed once for the
-module), and its other wordings on synthetic results."""
+"""Demo 10's findings, asserted on one --quick training run (computed once for the
+module), and on edited copies of it: which observations a run without a phase change or a
+random part off chance changes (not their wording)."""
 import copy
 
 import numpy as np
@@ -14,10 +15,6 @@ D10 = demo(10)
 @pytest.fixture(scope="module")
 def quick():
     return quick_result(10)
-
-
-def flat(items):
-    return " ".join(" ".join(items).split())
 
 
 # ---------------------------------------------------------------- the data
@@ -147,43 +144,54 @@ def test_the_best_scores_in_the_curve_are_the_heads_found(quick):
     assert final["repeat"] == quick["curve"][-1]["repeat"]
 
 
+def test_findings_are_the_computed_numbers(quick):
+    f, ph, curve = D10.findings(quick), quick["phase"], quick["curve"]
+    assert f["phase"] == ph is not None
+    assert (f["start_repeat"], f["final_repeat"]) == (curve[0]["repeat"], curve[-1]["repeat"])
+    assert f["prev_head"] == quick["prev_head"] and f["induction_head"] == quick["induction_head"]
+    assert f["prev_score"] == max(quick["prev_scores"][0]) > quick["even_prev"]
+    assert f["induction_score"] == max(quick["induction_scores"][1]) > quick["even_induction"]
+    assert f["first_flat"] == (quick["first_max_dev"] <= D10.CHANCE_BAND)
+    assert f["heat"] == (quick["display"]["prev_mean"], quick["display"]["induction_mean"])
+    start, a, b, end = f["together"]["induction"]
+    assert (a, b) == (D10._at(curve, ph["window_from"])["induction"],
+                      D10._at(curve, ph["window_to"])["induction"])
+    assert start < end and f["together"]["prev"][0] < f["together"]["prev"][-1]
+
+
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_observations_quote_the_computed_numbers(quick, lang):
-    text = flat(D10.observations(quick, lang))
-    ph, last = quick["phase"], quick["curve"][-1]
-    for value in (ph["from_loss"], ph["to_loss"], ph["window_from_loss"], ph["window_to_loss"],
-                  last["repeat"], quick["first_max_dev"]):
-        assert f"{value:.3f}" in text
-    assert f"{ph['window_share']:.0%}" in text
-    for n in (ph["step"], ph["from_step"], ph["to_step"], ph["window_from"], ph["window_to"]):
-        assert str(n) in text
-    assert f"{quick['prev_scores'][0][quick['prev_head']]:.2f}" in text
-    assert f"{quick['induction_scores'][1][quick['induction_head']]:.2f}" in text
-    assert "05 (d)" in text and "09" in text
-    shown = rendered_text(D10, quick, lang)
-    assert f"{quick['n_params']:,}" in shown
+def test_each_finding_is_an_observation_after_the_tables(quick, lang):
+    items = D10.observations(quick, lang)
+    assert len(items) == 6  # the phase change, the random part, two heads, the heatmap, together
+    text = " ".join(rendered_text(D10, quick, lang).replace("│", " ").split())
+    assert all(" ".join(obs.split())[:20] in text for obs in items)
+    assert text.index(" ".join(items[0].split())[:20]) > text.index(f"{quick['n_params']:,}")
 
 
-# ---------------------------------------------------------------- the other wordings
+# ---------------------------------------------------------------- the other outcomes
 
-def test_a_run_without_a_phase_change_says_so(quick):
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_a_run_without_a_phase_change_drops_the_together_finding(quick, lang):
     fake = copy.deepcopy(quick)
     fake["phase"] = None
     for c in fake["curve"]:
         c["repeat"] = 4.0
-    text = flat(D10.observations(fake, "en"))
-    assert "no phase change" in text and "steepest" not in text
-    assert "form as the loss falls" not in text
-    rendered_text(D10, fake, "zh")  # renders without the phase marks
+    f = D10.findings(fake)
+    assert f["phase"] is None and f["together"] is None
+    one, other = D10.observations(quick, lang), D10.observations(fake, lang)
+    assert len(other) == len(one) - 1 and other[0] != one[0] and other[1:] == one[1:-1]
+    rendered_text(D10, fake, lang)  # renders without the phase marks
 
 
-def test_the_random_part_wording_follows_its_deviation(quick):
-    fake = copy.deepcopy(quick)
-    fake["first_max_dev"] = D10.CHANCE_BAND / 2
-    assert "stays at chance throughout" in flat(D10.observations(fake, "en"))
-    fake["first_max_dev"] = D10.CHANCE_BAND * 2
-    text = flat(D10.observations(fake, "en"))
-    assert "mostly stays at chance" in text and f"step {fake['first_worst_step']}" in text
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_random_part_sentence_follows_its_deviation(quick, lang):
+    flat_, bump = copy.deepcopy(quick), copy.deepcopy(quick)
+    flat_["first_max_dev"] = D10.CHANCE_BAND / 2
+    bump["first_max_dev"] = D10.CHANCE_BAND * 2
+    assert D10.findings(flat_)["first_flat"] and not D10.findings(bump)["first_flat"]
+    a, b = D10.observations(flat_, lang), D10.observations(bump, lang)
+    assert a[1] != b[1] and str(bump["first_worst_step"]) in b[1]
+    assert a[:1] + a[2:] == b[:1] + b[2:]
 
 
 # ---------------------------------------------------------------- figures (--figures DIR)

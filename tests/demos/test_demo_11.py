@@ -1,5 +1,6 @@
-"""Demo 11's observations, asserted on one --quick run (computed once for the module), and
-its other wordings on synthetic results."""
+"""Demo 11's findings, asserted on one --quick run (computed once for the module) and on
+synthetic results: the ranking, the rows that hurt, the gains inside the seed spread, and
+which observation each one changes (not its wording)."""
 import copy
 
 import numpy as np
@@ -13,10 +14,6 @@ D11 = demo(11)
 @pytest.fixture(scope="module")
 def quick():
     return quick_result(11)
-
-
-def flat(items):
-    return " ".join(" ".join(items).split())
 
 
 def fake(means, stds=(0.01, 0.01, 0.01, 0.01)):
@@ -97,52 +94,57 @@ def test_the_stack_learns_far_more_than_the_baseline(quick):
     assert rows[1]["gain"] > 10 * max(rows[0]["std"], rows[1]["std"])  # the schedule row
 
 
+def test_findings_are_the_computed_numbers(quick):
+    f, rows = D11.findings(quick), quick["rows"]
+    assert f["ranked"][0] == max(rows[1:], key=lambda r: r["gain"])["name"]
+    assert [f["gain"][n] for n in f["ranked"]] == sorted((r["gain"] for r in rows[1:]),
+                                                         reverse=True)
+    for above, row in zip(rows, rows[1:]):
+        assert f["before"][row["name"]] == above["mean"] and f["after"][row["name"]] == row["mean"]
+    assert f["worse"] == [r["name"] for r in rows[1:] if r["gain"] < 0]
+    assert f["total"] == (rows[0]["mean"], rows[-1]["mean"])
+    assert len(D11.observations(quick, "en")) == 3 + len(f["worse"]) + 1
+
+
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_observations_quote_the_computed_numbers(quick, lang):
-    text = flat(D11.observations(quick, lang))
-    rows = quick["rows"]
-    best = max(rows[1:], key=lambda r: r["gain"])
-    assert D11.TEXT[lang][best["name"]] in text
-    assert f"{best['gain']:.3f}" in text
-    assert f"{rows[0]['mean']:.3f}" in text and f"{rows[-1]['mean']:.3f}" in text
-    above = dict(zip([r["name"] for r in rows[1:]], rows))
-    spread = {r["name"]: max(r["std"], above[r["name"]]["std"]) for r in rows[1:]}
-    small = [r for r in rows[1:] if abs(r["gain"]) <= spread[r["name"]]]
-    if small:  # the sentence quotes the spread those gains are lost in
-        assert f"{max(spread[r['name']] for r in small):.3f}" in text
-    else:
-        assert f"{max(r['std'] for r in rows):.3f}" in text
-    shown = rendered_text(D11, quick, lang)
-    for row in rows:
+def test_the_observations_follow_the_tables(quick, lang):
+    items = D11.observations(quick, lang)
+    shown = " ".join(rendered_text(D11, quick, lang).replace("│", " ").split())
+    assert all(" ".join(obs.split())[:20] in shown for obs in items)
+    for row in quick["rows"]:
         assert f"{row['mean']:.3f} ± {row['std']:.3f}" in shown
+        assert shown.index(f"{row['mean']:.3f} ± {row['std']:.3f}") < \
+            shown.index(" ".join(items[0].split())[:20])
     for n in quick["params"].values():
         assert f"{n:,}" in shown
 
 
-# ---------------------------------------------------------------- the wordings
+# ---------------------------------------------------------------- the other outcomes
 
-def test_the_ranking_names_the_largest_gain_first():
-    text = flat(D11.observations(fake([4.0, 3.6, 2.6, 2.5]), "en"))
-    assert 'mattered most is "+ AdamW": the loss went from 3.600 to 2.600, 1.000 lower' in text
-    assert 'Next is "+ warmup, cosine" (0.400 lower); the least is "+ architecture"' in text
-    text = flat(D11.observations(fake([4.0, 3.5, 3.2, 3.1]), "en"))
-    assert '"+ warmup, cosine": the loss went from 4.000 to 3.500, 0.500 lower' in text
-    assert 'Next is "+ AdamW" (0.300 lower); the least is "+ architecture" (0.100 lower)' in text
+def test_the_ranking_puts_the_largest_gain_first():
+    f = D11.findings(fake([4.0, 3.6, 2.6, 2.5]))
+    assert f["ranked"] == ["adamw", "schedule", "arch"]
+    assert f["before"]["adamw"] == 3.6 and f["after"]["adamw"] == 2.6
+    assert D11.findings(fake([4.0, 3.5, 3.2, 3.1]))["ranked"] == ["schedule", "adamw", "arch"]
 
 
-def test_a_change_that_hurts_is_called_out():
-    text = flat(D11.observations(fake([4.0, 3.0, 2.5, 2.6]), "en"))
-    assert '"+ architecture" (0.100 higher)' in text
-    assert 'The row "+ architecture" made the loss worse (2.500 → 2.600)' in text
-    assert "made the loss worse" not in flat(D11.observations(fake([4.0, 3.0, 2.5, 2.4]), "en"))
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_a_change_that_hurts_adds_one_observation(lang):
+    hurt, fine = fake([4.0, 3.0, 2.5, 2.6]), fake([4.0, 3.0, 2.5, 2.4])
+    assert D11.findings(hurt)["worse"] == ["arch"] and D11.findings(fine)["worse"] == []
+    a, b = D11.observations(hurt, lang), D11.observations(fine, lang)
+    assert len(a) == len(b) + 1 and "2.600" in a[1]
 
 
-def test_gains_within_the_seed_spread_are_flagged():
-    text = flat(D11.observations(fake([4.0, 3.0, 2.5, 2.49], (0.01, 0.01, 0.02, 0.03)), "en"))
-    assert 'The gain of "+ architecture" is no larger than the differences between seeds' in text
-    assert "std up to 0.030" in text
-    text = flat(D11.observations(fake([4.0, 3.0, 2.5, 2.4], (0.01, 0.01, 0.02, 0.02)), "en"))
-    assert "Every step of improvement is larger" in text and "std is only 0.020" in text
+def test_gains_within_the_seed_spread_are_found_so():
+    f = D11.findings(fake([4.0, 3.0, 2.5, 2.49], (0.01, 0.01, 0.02, 0.03)))
+    assert f["within_noise"] == ["arch"] and f["noise"] == 0.03
+    f = D11.findings(fake([4.0, 3.0, 2.5, 2.4], (0.01, 0.01, 0.02, 0.02)))
+    assert f["within_noise"] == [] and f["noise"] == 0.02
+    for lang in ("en", "zh"):  # the same means, only the spread between seeds differs
+        some = D11.observations(fake([4.0, 3.0, 2.5, 2.49], (0.01, 0.01, 0.02, 0.03)), lang)
+        none = D11.observations(fake([4.0, 3.0, 2.5, 2.49], (0.001,) * 4), lang)
+        assert [x == y for x, y in zip(some, none)] == [True, False, True, True]
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
