@@ -43,6 +43,10 @@ SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                           "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
+# llama.cpp's names of the pre-tokenizers (tokenizer.ggml.pre) -> the lab's (PRE_TOKENIZERS);
+# the lab's own name is read as itself too.
+LAB_PRE_TOKENIZERS = {"gpt-2": "gpt2", "smollm": "smollm"}
+
 # Tensor name inside blk.N -> (group, key) in that block's params.
 BLOCK_TENSORS = {
     "attn_norm": ("attn_norm", "weight"),
@@ -191,6 +195,7 @@ def tokenizer_from_metadata(reader, path) -> BPETokenizer:
         raise ValueError(f"{path}: tokenizer model {model!r} is not supported "
                          f"(only byte-level BPE, 'gpt2')")
     pre = _metadata(reader, "tokenizer.ggml.pre", path, str, "gpt2")
+    pre = LAB_PRE_TOKENIZERS.get(pre, pre)
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"{path}: pre-tokenizer {pre!r} is not supported "
                          f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")

@@ -34,7 +34,7 @@ from ..config import Config
 from ..params import check_params
 from . import quants
 from .chat_template import jinja_template
-from .gguf import BLOCK_TENSORS
+from .gguf import BLOCK_TENSORS, LAB_PRE_TOKENIZERS
 from .gguf_file import MAGIC
 from .model_file import atomic_write
 from .tokenizer import UNUSED
@@ -48,6 +48,8 @@ BLOCKS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2),
           **{name: (quants.BLOCK, size) for name, size in quants.BLOCK_BYTES.items()}}
 # llama.cpp's general.file_type (enum llama_ftype): what most of the file is stored in.
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}
+# The lab's pre-tokenizer names -> llama.cpp's, which knows GPT-2's split as "gpt-2".
+GGUF_PRE_TOKENIZERS = {lab: name for name, lab in LAB_PRE_TOKENIZERS.items()}
 # GGUF's metadata value types, by number, and how a scalar of each is packed.
 UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
 SCALARS = {UINT32: "<I", INT32: "<i", FLOAT32: "<f", BOOL: "<?"}
@@ -129,7 +131,7 @@ def llama_metadata(cfg: Config, tokenizer, *, name: str, dtype: str) -> list[tup
             (f"{arch}.vocab_size", UINT32, cfg.vocab),
             (f"{arch}.rope.dimension_count", UINT32, cfg.head_dim),
             ("tokenizer.ggml.model", STRING, "gpt2"),
-            ("tokenizer.ggml.pre", STRING, tokenizer.pre),
+            ("tokenizer.ggml.pre", STRING, GGUF_PRE_TOKENIZERS[tokenizer.pre]),
             ("tokenizer.ggml.tokens", ARRAY, tokens, STRING),
             ("tokenizer.ggml.token_type", ARRAY, types, INT32)]
     if merges:
