@@ -341,94 +341,111 @@ def unsteady_rows(dec):
     return [(r["spread"], r["waited"]) for r in rows]
 
 
+def findings(result):
+    """The facts and verdicts the observations state, from the computed result: how steady
+    the measuring was, the best previous-token head, the heatmap, the cache check, the
+    decode step against both bounds, GQA's cache, batching and prefill."""
+    m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
+    one, big = _by_batch(dec, 1), _by_batch(dec, BATCHES[-1])
+    unsteady = unsteady_rows(dec)
+    changed = [c for c in dec["speed_checks"] if c["changed"]]
+    waits = [w for _, w in unsteady if w is not None]
+    return {**result["verdicts"],
+            "busy": bool(unsteady or not dec["bandwidth_steady"] or not dec["peak_steady"]),
+            "spread": max([x for x, _ in unsteady], default=1.0),
+            "waited": max(waits) if waits and max(waits) > WAIT_LIMIT else None,
+            "speed_changes": changed,
+            "best_head": hd["top"][0], "above_half": hd["above_half"],
+            "heads": m["n_layers"] * m["n_heads"], "record_diff": hd["record_max_diff"],
+            "window": {k: hd["window"][k] for k in ("prev_mean", "first_mean", "rest_mean")},
+            "kv_same": kv["same"], "kv_first_difference": kv["first_difference"],
+            "kv_diff": kv["max_logit_diff"],
+            "step_s": one["median_s"], "tokens_per_s": one["tokens_per_s"],
+            "memory_ratio": one["median_s"] / dec["memory_bound_s"],
+            "compute_ratio": one["median_s"] / dec["compute_bound_s"],
+            "intensity": dec["flops_per_token"] / dec["weight_bytes"],
+            "balance": dec["peak_flops"] / dec["bandwidth"],
+            "gqa_saving": dec["kv_bytes_per_token_mha"] / dec["kv_bytes_per_token"],
+            "cache_full": dec["kv_bytes_per_token"] * m["max_seq"],
+            "batch": big["batch"], "batch_gain_x": big["tokens_per_s"] / one["tokens_per_s"],
+            "batch_step_x": big["median_s"] / one["median_s"],
+            "batch_arithmetic_s": big["batch"] * dec["flops_per_token"] / dec["peak_flops"],
+            "prefill_x": dec["prefill"]["tokens_per_s"] / one["tokens_per_s"]}
+
+
 def busy_sentence(result, lang):
     """One sentence on how disturbed the measuring was, or None on a quiet machine."""
-    t, dec = TEXT[lang], result["decode"]
+    t, f = TEXT[lang], findings(result)
     sentences = []
-    rows = unsteady_rows(dec)
-    if rows or not dec["bandwidth_steady"] or not dec["peak_steady"]:
-        waits = [w for _, w in rows if w is not None]
-        wait = (t["busy_wait"].format(w=f"{max(waits):.0%}")
-                if waits and max(waits) > WAIT_LIMIT else "")
-        spread = max([x for x, _ in rows], default=1.0)
-        sentences.append(t["busy"].format(x=fmt_ratio(spread), wait=wait))
-    for check in dec["speed_checks"]:
-        if check["changed"]:
-            unit = "B/s" if check["what"] == "bandwidth" else "FLOP/s"
-            sentences.append(t["speed_changed_" + check["what"].split()[-1]].format(
-                a=fmt_num(check["before"]) + unit, b=fmt_num(check["after"]) + unit))
+    if f["busy"]:
+        wait = t["busy_wait"].format(w=f"{f['waited']:.0%}") if f["waited"] is not None else ""
+        sentences.append(t["busy"].format(x=fmt_ratio(f["spread"]), wait=wait))
+    for check in f["speed_changes"]:
+        unit = "B/s" if check["what"] == "bandwidth" else "FLOP/s"
+        sentences.append(t["speed_changed_" + check["what"].split()[-1]].format(
+            a=fmt_num(check["before"]) + unit, b=fmt_num(check["after"]) + unit))
     return " ".join(sentences) or None
 
 
 def observations(result, lang):
-    """The observation sentences, worded from the computed results and verdicts."""
-    t = TEXT[lang]
+    """The observation sentences, worded from findings(result)."""
+    t, f = TEXT[lang], findings(result)
     m, hd, kv, dec = result["model"], result["heads"], result["kv"], result["decode"]
-    verdict = result["verdicts"]
-    best, win = hd["top"][0], hd["window"]
+    best, win = f["best_head"], f["window"]
     busy = busy_sentence(result, lang)
     items = [busy] if busy else []
     items += [
         t["obs_prev"].format(l=best["layer"], h=best["head"], s=f"{best['score']:.3f}",
-                             k=hd["above_half"], n=m["n_layers"] * m["n_heads"],
+                             k=f["above_half"], n=f["heads"],
                              med=f"{hd['median']:.3f}", uni=f"{hd['uniform']:.3f}"),
-        t["obs_walk"].format(diff=_diff(hd["record_max_diff"])),
+        t["obs_walk"].format(diff=_diff(f["record_diff"])),
     ]
     heat = dict(prev=f"{win['prev_mean']:.2f}", first=f"{win['first_mean']:.2f}",
-                rest=f"{win['rest_mean']:.2f}", first_tok=win["labels"][0])
-    items.append(t["obs_heat_" + verdict["heatmap"]].format(**heat))
+                rest=f"{win['rest_mean']:.2f}", first_tok=hd["window"]["labels"][0])
+    items.append(t["obs_heat_" + f["heatmap"]].format(**heat))
 
-    common = dict(k=kv["decode_steps"], diff=_diff(kv["max_logit_diff"]),
-                  m=f"{kv['max_abs_logit']:.1f}")
-    if kv["same"]:
+    common = dict(k=kv["decode_steps"], diff=_diff(f["kv_diff"]), m=f"{kv['max_abs_logit']:.1f}")
+    if f["kv_same"]:
         items.append(t["obs_kv_same"].format(n=kv["new_tokens"], text=kv["text_cached"].strip(),
                                              **common))
     else:
-        items.append(t["obs_kv_differ"].format(at=kv["first_difference"], **common))
+        items.append(t["obs_kv_differ"].format(at=f["kv_first_difference"], **common))
 
-    one = _by_batch(dec, 1)
-    measured = one["median_s"]
-    bound = dict(t=fmt_time(measured), r=fmt_ratio(one["tokens_per_s"]),
+    bound = dict(t=fmt_time(f["step_s"]), r=fmt_ratio(f["tokens_per_s"]),
                  b=fmt_num(dec["weight_bytes"]), bw=fmt_num(dec["bandwidth"]),
                  tm=fmt_time(dec["memory_bound_s"]), f=fmt_num(dec["flops_per_token"]),
                  pk=fmt_num(dec["peak_flops"]), tc=fmt_time(dec["compute_bound_s"]),
-                 mr=fmt_ratio(measured / dec["memory_bound_s"]),
-                 cr=fmt_ratio(measured / dec["compute_bound_s"]),
-                 i=f"{dec['flops_per_token'] / dec['weight_bytes']:.2f}",
-                 bal=f"{dec['peak_flops'] / dec['bandwidth']:.0f}", isz=m["itemsize"])
-    if verdict["bound"] is None:
+                 mr=fmt_ratio(f["memory_ratio"]), cr=fmt_ratio(f["compute_ratio"]),
+                 i=f"{f['intensity']:.2f}", bal=f"{f['balance']:.0f}", isz=m["itemsize"])
+    if f["bound"] is None:
         items.append(t["obs_bound_unknown"].format(**bound))
     else:
-        items.append(t[{"memory": "obs_bound_mem", "compute": "obs_bound_comp"}[verdict["bound"]]]
-                     .format(**bound)
-                     + t["floor_" + verdict["floor"]])
+        items.append(t[{"memory": "obs_bound_mem", "compute": "obs_bound_comp"}[f["bound"]]]
+                     .format(**bound) + t["floor_" + f["floor"]])
 
     S = m["max_seq"]
     gqa, mha = dec["kv_bytes_per_token"], dec["kv_bytes_per_token_mha"]
     items.append(t["obs_gqa"].format(H=m["n_heads"], G=m["n_kv_heads"], kv=fmt_num(gqa),
-                                     kv_mha=fmt_num(mha), ratio=f"{mha / gqa:g}", S=S,
-                                     c=fmt_num(gqa * S), c_mha=fmt_num(mha * S),
+                                     kv_mha=fmt_num(mha), ratio=f"{f['gqa_saving']:g}", S=S,
+                                     c=fmt_num(f["cache_full"]), c_mha=fmt_num(mha * S),
                                      w=fmt_num(dec["weight_bytes"])))
 
-    big = _by_batch(dec, BATCHES[-1])
-    gain = big["tokens_per_s"] / one["tokens_per_s"]
-    rates = dict(x=f"{gain:.1f}", rB=fmt_ratio(big["tokens_per_s"]), r1=fmt_ratio(one["tokens_per_s"]),
-                 B=big["batch"])
-    if verdict["batch_gain"] is None:
+    big = _by_batch(dec, f["batch"])
+    rates = dict(x=f"{f['batch_gain_x']:.1f}", rB=fmt_ratio(big["tokens_per_s"]),
+                 r1=fmt_ratio(f["tokens_per_s"]), B=f["batch"])
+    if f["batch_gain"] is None:
         items.append(t["obs_batch_unknown"].format(**rates))
     else:
-        sentence = t["obs_batch_" + verdict["batch_gain"]].format(**rates)
-        arithmetic = big["batch"] * dec["flops_per_token"] / dec["peak_flops"]
-        step = dict(s=f"{big['median_s'] / one['median_s']:.1f}", tc8=fmt_time(arithmetic),
-                    B=big["batch"])
-        if verdict["batch_step"] is not None:
-            sentence += t["batch_step_" + verdict["batch_step"]].format(**step)
+        sentence = t["obs_batch_" + f["batch_gain"]].format(**rates)
+        if f["batch_step"] is not None:
+            sentence += t["batch_step_" + f["batch_step"]].format(
+                s=f"{f['batch_step_x']:.1f}", tc8=fmt_time(f["batch_arithmetic_s"]), B=f["batch"])
         items.append(sentence)
 
     pre = dec["prefill"]
-    prefill = dict(T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=fmt_ratio(one["tokens_per_s"]),
-                   x=fmt_ratio(pre["tokens_per_s"] / one["tokens_per_s"]))
-    items.append(t["obs_prefill_" + (verdict["prefill"] or "unknown")].format(**prefill))
+    items.append(t["obs_prefill_" + (f["prefill"] or "unknown")].format(
+        T=pre["tokens"], p=f"{pre['tokens_per_s']:.0f}", r1=fmt_ratio(f["tokens_per_s"]),
+        x=fmt_ratio(f["prefill_x"])))
     return items
 
 

@@ -1,6 +1,7 @@
-"""Demo 09's observations, asserted on its computed results (when the real model is installed),
-the wording of its timing sentences on synthetic results (no test depends on how fast this
-machine is), and the install hint when the model is missing."""
+"""Demo 09's findings, asserted on its computed results (when the real model is installed)
+and on synthetic results (no test depends on how fast this machine is): the verdicts, the
+numbers quoted, and which observation each outcome changes, not its wording; and the
+install hint when the model is missing."""
 import copy
 import os
 import statistics
@@ -18,7 +19,6 @@ from demo_helpers import (ROOT, ScriptedTimings, demo, jittered, quick_result,  
 import console
 import _common
 from _common import run_demo
-from console import fmt_time
 from transformer_lab import TINY, apply_rope, forward, init_params, rope_angles, softmax
 from transformer_lab.pretrained.gguf import MODEL_INSTALL_COMMAND
 from transformer_lab.measure import speed_check
@@ -312,90 +312,107 @@ def test_the_decode_bounds_are_the_stated_arithmetic(quick):
         assert b["tokens_per_s"] == pytest.approx(b["batch"] / b["median_s"])
 
 
+def test_findings_are_the_computed_numbers(quick):
+    f, hd, kv, dec = D09.findings(quick), quick["heads"], quick["kv"], quick["decode"]
+    one, big = dec["batches"][0], dec["batches"][-1]
+    assert {k: f[k] for k in quick["verdicts"]} == quick["verdicts"]
+    assert f["best_head"] == hd["top"][0] and f["heads"] == 30 * 9
+    assert f["best_head"]["score"] > 0.5 > hd["median"]
+    assert f["kv_same"] == kv["same"] and f["kv_diff"] == kv["max_logit_diff"]
+    assert f["memory_ratio"] == one["median_s"] / dec["memory_bound_s"]
+    assert f["compute_ratio"] == one["median_s"] / dec["compute_bound_s"]
+    assert f["gqa_saving"] == 3 and f["cache_full"] == dec["kv_bytes_per_token"] * 8192
+    assert f["batch"] == D09.BATCHES[-1]
+    assert f["batch_gain_x"] == big["tokens_per_s"] / one["tokens_per_s"]
+    assert f["prefill_x"] == dec["prefill"]["tokens_per_s"] / one["tokens_per_s"]
+    assert f["busy"] == (D09.busy_sentence(quick, "en") is not None or bool(f["speed_changes"]))
+
+
 @pytest.mark.parametrize("lang", ["zh", "en"])
-def test_observations_quote_the_computed_numbers(quick, lang):
-    text = flat(D09.observations(quick, lang))
-    hd, kv, dec = quick["heads"], quick["kv"], quick["decode"]
-    one = dec["batches"][0]
-    for s in (f"{hd['top'][0]['score']:.3f}", f"{hd['median']:.3f}", f"{hd['uniform']:.3f}",
-              f"{kv['max_logit_diff']:.1e}", fmt_time(one["median_s"]),
-              fmt_time(dec["memory_bound_s"]), fmt_time(dec["compute_bound_s"]),
-              "46.1 KB", "138 KB", "377 MB"):
-        assert s in text, s
+def test_each_finding_is_an_observation_after_the_tables(quick, lang):
+    items = D09.observations(quick, lang)
+    f = D09.findings(quick)
+    assert len(items) == 8 + (f["busy"] or bool(f["speed_changes"]))
     rendered = rendered_text(D09, quick, lang)
+    text = flat([rendered.replace("│", " ")])
+    assert all(flat([obs])[:20] in text for obs in items)
     assert "05(d)" in rendered or "(d)" in rendered
 
 
-# ---------------------------------------------------------------- wording follows the numbers
+# ---------------------------------------------------------------- findings follow the numbers
 
-def test_memory_bound_wording():
-    line = flat([D09.observations(fake(), "en")[4]])
-    assert "the memory bound is the nearer one, so decode is memory-bound" in line
-    assert "2.0× the memory bound and 37.2× the compute bound" in line
-    assert line.endswith("it is a floor that real code stays above.")
-    assert "0.50 FLOP/byte" in line and "this machine can do 9 FLOPs per byte" in line
+def changed(one, other):
+    """The positions at which two lists of observations differ."""
+    assert len(one) == len(other)
+    return [i for i, (a, b) in enumerate(zip(one, other)) if a != b]
 
 
-def test_compute_bound_wording_when_memory_is_fast():
-    # bandwidth so high that the memory bound is tiny: the compute bound is the nearer one
-    line = flat([D09.observations(fake(one_s=2e-3, bandwidth=1e13, peak=300e9), "en")[4]])
-    assert "nearer the compute bound" in line and "memory-bound:" not in line
-    assert line.endswith("real code stays above.")
-    zh = D09.observations(fake(one_s=2e-3, bandwidth=1e13, peak=300e9), "zh")[4]
-    assert "离算力下界更近" in zh
+BOUND, BATCH, PREFILL = 4, 6, 7  # positions of those observations on a quiet run
 
 
-def test_beating_the_memory_bound_is_said_so():
-    line = flat([D09.observations(fake(one_s=10e-3), "en")[4]])  # the memory bound is ~18 ms
-    assert "0.6× the memory bound" in line and "memory bound is the nearer one" in line
-    assert line.endswith("part of the weights came from a cache faster than the measured "
-                         "bandwidth.")
-    assert "比内存下界还快" in D09.observations(fake(one_s=10e-3), "zh")[4]
+def test_memory_bound_findings():
+    f = D09.findings(fake())
+    assert (f["bound"], f["floor"]) == ("memory", "above")
+    assert f["memory_ratio"] == pytest.approx(2.0, abs=0.05)
+    assert f["compute_ratio"] == pytest.approx(37.2, abs=0.05)
+    assert f["intensity"] == pytest.approx(0.5, abs=0.01) and f["balance"] == pytest.approx(9.33, abs=0.01)
 
 
-@pytest.mark.parametrize("big_s, word", [
-    (95e-3, "Batch 8 gave 3.0× the tokens/s of batch 1"),
-    (290e-3, "Batch 8 gave about the same tokens/s as batch 1"),
-    (600e-3, "Batch 8 gave only 0.5× the tokens/s of batch 1"),
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_bound_and_the_floor_change_only_their_observation(lang):
+    quiet = fake()
+    fast_memory = fake(one_s=2e-3, bandwidth=1e13, peak=300e9)
+    beaten = fake(one_s=10e-3)  # the memory bound is ~18 ms
+    assert D09.findings(fast_memory)["bound"] == "compute"
+    assert (D09.findings(beaten)["bound"], D09.findings(beaten)["floor"]) == ("memory", "below")
+    base = D09.observations(quiet, lang)
+    assert changed(base, D09.observations(beaten, lang)) == [BOUND, BATCH, PREFILL]  # ratios
+    sentences = {D09.observations(r, lang)[BOUND] for r in (quiet, fast_memory, beaten)}
+    assert len(sentences) == 3
+
+
+@pytest.mark.parametrize("big_s, gain, step", [
+    (95e-3, "more", "blas"), (290e-3, "same", "blas"), (600e-3, "fewer", "blas"),
+    (37e-3, "more", "flat"),
 ])
-def test_batch_gain_wording(big_s, word):
-    line = flat([D09.observations(fake(one_s=36e-3, big_s=big_s), "en")[6]])
-    assert line.startswith(word)
+def test_batch_findings(big_s, gain, step):
+    f = D09.findings(fake(one_s=36e-3, big_s=big_s))
+    assert (f["batch_gain"], f["batch_step"]) == (gain, step)
+    assert f["batch_gain_x"] == pytest.approx(8 * 36e-3 / big_s)
+    assert f["batch_step_x"] == pytest.approx(big_s / 36e-3)
 
 
-@pytest.mark.parametrize("big_s, peak, word", [
-    (37e-3, 280e9, "Its step took about as long as batch 1's (1.0×)"),
-    (95e-3, 280e9, "most of the extra time is NumPy's BLAS"),  # 8x FLOPs: ~8 ms at the peak
-    (95e-3, 20e9, "the arithmetic is no longer negligible"),  # 8x FLOPs: ~110 ms at the peak
-])
-def test_batch_step_wording(big_s, peak, word):
-    line = flat([D09.observations(fake(big_s=big_s, peak=peak), "en")[6]])
-    assert word in line
+def test_arithmetic_that_is_no_longer_negligible_is_found_so():
+    f = D09.findings(fake(big_s=95e-3, peak=20e9))  # 8x FLOPs: ~110 ms at the peak
+    assert f["batch_step"] == "flops" and f["batch_arithmetic_s"] > 95e-3 - 36e-3
 
 
-def test_chinese_batch_wording_follows_the_same_choice():
-    assert "是 batch 1 的 3.0 倍" in D09.observations(fake(big_s=95e-3), "zh")[6]
-    assert "差不多" in D09.observations(fake(big_s=290e-3), "zh")[6]
-    assert "反而只有" in D09.observations(fake(big_s=600e-3), "zh")[6]
-    assert "BLAS" in D09.observations(fake(big_s=95e-3), "zh")[6]
-    assert "算术已经不能忽略" in D09.observations(fake(big_s=95e-3, peak=20e9), "zh")[6]
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_each_batch_outcome_has_its_own_sentence_in_both_languages(lang):
+    results = [fake(big_s=95e-3), fake(big_s=290e-3), fake(big_s=600e-3),
+               fake(big_s=95e-3, peak=20e9), fake(big_s=37e-3)]
+    sentences = [D09.observations(r, lang)[BATCH] for r in results]
+    assert len(set(sentences)) == len(sentences)
+    assert changed(D09.observations(results[0], lang), D09.observations(results[3], lang)) \
+        == [BOUND, BATCH]  # the peak is in the bound's sentence too
 
 
-def test_heatmap_wording_follows_where_the_rest_goes():
-    assert "most of the rest goes to the first token" in flat(D09.observations(fake(), "en"))
-    other = flat(D09.observations(fake(first=0.05, rest=0.2), "en"))
-    assert "most of the rest" not in other and "the first token 0.05" in other
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_heatmap_and_cache_findings_change_their_own_observation(lang):
+    assert D09.findings(fake())["heatmap"] == "first"
+    other = fake(first=0.05, rest=0.2)
+    assert D09.findings(other)["heatmap"] == "rest"
+    assert changed(D09.observations(fake(), lang), D09.observations(other, lang)) == [2]
+    differ = fake(same=False)
+    f = D09.findings(differ)
+    assert not f["kv_same"] and f["kv_first_difference"] == 4
+    assert changed(D09.observations(fake(), lang), D09.observations(differ, lang)) == [3]
 
 
-def test_kv_wording_when_tokens_differ():
-    items = D09.observations(fake(same=False), "en")
-    assert "tipped a near-tie at step 4" in flat(items)
-    assert "picks the same" not in flat(items)
-
-
-def test_prefill_wording_quotes_the_ratio():
-    line = flat([D09.observations(fake(one_s=36e-3, prefill_s=0.3), "en")[7]])
-    assert "ran at 400 tokens/s, 14.4× batch-1 decode" in line  # 120/0.3 vs 1/0.036
+def test_prefill_findings():
+    f = D09.findings(fake(one_s=36e-3, prefill_s=0.3))
+    assert f["prefill"] == "faster" and f["prefill_x"] == pytest.approx(400 * 36e-3)
+    assert D09.findings(fake(one_s=36e-3, prefill_s=120 * 36e-3))["prefill"] == "not_faster"
 
 
 @pytest.mark.parametrize("lang", ["zh", "en"])
@@ -428,24 +445,24 @@ def test_quiet_timings_give_every_verdict():
 @pytest.mark.parametrize("lang", ["zh", "en"])
 def test_a_quiet_run_says_nothing_about_noise(lang):
     result = fake()
+    f = D09.findings(result)
+    assert not f["busy"] and f["speed_changes"] == [] and f["waited"] is None
     assert D09.busy_sentence(result, lang) is None
     assert len(D09.observations(result, lang)) == 8
     text = rendered_text(D09, copy.deepcopy(result), lang)
     assert "~" not in text and "1.1×" in text  # the spread column, nothing marked
 
 
-def test_unsteady_decode_steps_claim_no_bound_and_no_batch_gain():
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_unsteady_decode_steps_claim_no_bound_and_no_batch_gain(lang):
     result = fake(timing=steadiness(False))
-    v = result["verdicts"]
-    assert v["bound"] is v["floor"] is v["batch_gain"] is v["batch_step"] is v["prefill"] is None
-    items = D09.observations(result, "en")
-    assert items[0].startswith("The machine was busy while measuring: repeats varied by up to "
-                               "3.2×; orderings from figures marked ~ may not hold")
-    text = flat(items)
-    for claim in ("memory-bound", "nearer the compute bound", "tokens/s of batch 1",
-                  "same effect", "did not pay"):
-        assert claim not in text, claim
-    assert text.count("could not be determined here") == 3
+    f = D09.findings(result)
+    assert f["bound"] is f["floor"] is f["batch_gain"] is f["batch_step"] is f["prefill"] is None
+    assert f["busy"] and f["spread"] == 3.2 and f["waited"] is None
+    items = D09.observations(result, lang)
+    assert items[0] == D09.busy_sentence(result, lang)
+    # Past the busy sentence, only the three sentences whose verdicts were withheld change.
+    assert changed(D09.observations(fake(), lang), items[1:]) == [BOUND, BATCH, PREFILL]
     rendered = rendered_text(D09, copy.deepcopy(result), "en")
     assert "measured ~" in rendered and "8 ~" in rendered
     assert "~ still unsteady after 1.00 s of re-measuring" in flat([rendered])
@@ -453,11 +470,11 @@ def test_unsteady_decode_steps_claim_no_bound_and_no_batch_gain():
 
 def test_an_unsteady_prefill_alone_leaves_the_decode_verdicts():
     result = fake(prefill=steadiness(False, waited=0.5))
-    v = result["verdicts"]
-    assert v["bound"] == "memory" and v["batch_gain"] == "more" and v["prefill"] is None
+    f = D09.findings(result)
+    assert f["bound"] == "memory" and f["batch_gain"] == "more" and f["prefill"] is None
+    assert f["busy"] and f["waited"] == 0.5
     items = D09.observations(result, "en")
-    assert "waited for a CPU for 50% of the measured time" in items[0]
-    assert "how much faster it is could not be determined here" in items[-1]
+    assert changed(D09.observations(fake(), "en"), items[1:]) == [PREFILL]
     rendered = rendered_text(D09, copy.deepcopy(result), "en")
     assert "prefill 120 tok ~" in rendered
     assert "~ still unsteady after 1.00 s of re-measuring: repeats" in flat([rendered])
@@ -471,30 +488,28 @@ def test_an_unsteady_prefill_alone_leaves_the_decode_verdicts():
 @pytest.mark.parametrize("lang", ["zh", "en"])
 def test_a_change_in_the_machines_speed_withholds_the_bound(lang):
     result = fake(before=(3.0, 1.0))  # bandwidth 3x higher in the check before the timing
-    v = result["verdicts"]
-    assert v["bound"] is None and v["batch_gain"] == "more" and v["batch_step"] is None
-    first = D09.observations(result, lang)[0]
-    if lang == "en":
-        assert first == ("The machine's speed changed mid-demo: memory bandwidth was 90.0 GB/s "
-                         "before the timing and 30.0 GB/s after it.")
-    else:
-        assert first.startswith("机器的速度在演示中途变了：内存带宽")
+    f = D09.findings(result)
+    assert f["bound"] is None and f["batch_gain"] == "more" and f["batch_step"] is None
+    assert not f["busy"] and [c["what"] for c in f["speed_changes"]] == ["bandwidth"]
+    assert f["speed_changes"][0]["before"] == pytest.approx(90e9)
+    items = D09.observations(result, lang)
+    assert items[0] == D09.busy_sentence(result, lang) and "90.0 GB/s" in items[0]
     assert ("memory bound ~" if lang == "en" else "内存下界 ~") in \
         rendered_text(D09, copy.deepcopy(result), lang)
 
 
-@pytest.mark.parametrize("lang, unknown", [("en", "could not be determined here"),
-                                           ("zh", "无法判断")])
-def test_everything_noisy(lang, unknown):
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_everything_noisy(lang):
     result = fake(timing=steadiness(False, spread=1.2, waited=1.6),
                   prefill=steadiness(False, spread=4.0), before=(1.0, 0.5),
                   bandwidth_steady=False)
+    f = D09.findings(result)
+    assert f["busy"] and f["spread"] == 4.0 and f["waited"] == 1.6
+    assert [c["what"] for c in f["speed_changes"]] == ["matmul peak"]
+    assert f["bound"] is f["batch_gain"] is f["prefill"] is None
     items = D09.observations(result, lang)
-    assert flat(items).count(unknown) == 3
-    assert ("repeats varied by up to 4.0×, and this demo's threads waited for a CPU for 160%"
-            if lang == "en" else "相差最多 4.0 倍，本演示的线程等 CPU 的时间是测量时间的 160%") \
-        in items[0]
-    assert ("matmul peak was 140" if lang == "en" else "矩阵乘峰值") in items[0]
+    assert items[0] == D09.busy_sentence(result, lang)
+    assert "4.0" in items[0] and "160%" in items[0] and "140" in items[0]
     text = rendered_text(D09, copy.deepcopy(result), lang)
     assert max(cell_len(line) for line in text.splitlines()) <= 80
     assert text.count("~") >= 3 + 4 + 1
