@@ -56,7 +56,7 @@ EXTRACT_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
                   "required": ["name", "age", "city"], "additionalProperties": False}
 CONSTRAINTS = ("none", "json_object", "schema")
 PROMPTS, QUICK_PROMPTS = 10, 2
-MAX_TOKENS = 48
+MAX_TOKENS = 40  # json-extract's own max_new_tokens
 REPLY_WIDTH = 28  # characters of a reply shown in the table
 WALK_SHOWN = 12  # tokens of one schema reply walked in the table
 FEW = 4  # a step allowing at most this many tokens is decided by the format
@@ -230,10 +230,10 @@ def smollm2_part(model, quick):
     prompts, index = replies(llm, QUICK_PROMPTS if quick else PROMPTS)
     tokens = prompts[0]["replies"]["schema"]["tokens"]
     steps = walk(index, tok, tokens)
+    reached = [s["state"] for s in steps] + [Guide(index).state_after(tokens)]  # and the last
     return {"index": index_table(tok, stops, NUMBER_REGEX), "prompts": prompts, "walk": steps,
             "schema_states": index.dfa.num_states,
-            "cost": costs(cfg, params, tok, index, [s["state"] for s in steps],
-                          QUICK_REPEATS if quick else REPEATS)}
+            "cost": costs(cfg, params, tok, index, reached, QUICK_REPEATS if quick else REPEATS)}
 
 
 # ---------------------------------------------------------------- the toy
@@ -532,7 +532,7 @@ TEXT = {
         "string": "串", "q": "q（掩码）", "drawn": "{n} 次采样", "ends": "p(结束)",
         "in_text": "文中词",
         "toy_rows": "前 {k} 行：p(x | L) 最大的；后 {k} 行：q − p 最大的（在 q 下多得最多的）。",
-        "obs_dfa": "这个正则的最小 DFA 有 {states} 个状态（{acc} 个接受状态，含一个死状态），字节只分成 "
+        "obs_dfa": "这个正则的最小 DFA 有 {states} 个状态（其中 {acc} 个接受状态、1 个死状态），字节只分成 "
                    "{classes} 类，所以整张转移表就是上面这几列；{agree}/{n} 个例子与 "
                    "re.fullmatch 的判断一致。",
         "obs_index": "在真实词表上：起始状态允许 {start}/{vocab} 个 token，最多的状态允许 {most} 个；"
@@ -602,7 +602,7 @@ TEXT = {
         "in_text": "a word",
         "toy_rows": "First {k} rows: the largest p(x | L); last {k}: the largest q − p (the "
                     "strings that gain most mass under q).",
-        "obs_dfa": "The regex's minimal DFA has {states} states ({acc} accepting, one dead) and "
+        "obs_dfa": "The regex's minimal DFA has {states} states ({acc} accepting, 1 dead) and "
                    "the bytes fall into {classes} classes, so the whole transition table is the "
                    "columns above; {agree} of {n} probes agree with re.fullmatch.",
         "obs_index": "On the real vocabulary the start state allows {start} of {vocab} tokens, "
