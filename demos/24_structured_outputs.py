@@ -185,13 +185,18 @@ def replies(llm, n):
     return prompts, llm.constraint_index(sampling[CONSTRAINTS.index("schema")])
 
 
+UNESCAPED_QUOTE = re.compile(r'(?<!\\)"')
+
+
 def walk(index, tok, tokens):
-    """Along one reply: the state before each token and how many tokens it allowed."""
+    """Along one reply: the state before each token, how many tokens it allowed, and
+    whether the text so far stands inside a JSON string (an odd number of quotes)."""
     guide, rows = Guide(index), []
     for i, t in enumerate(tokens):
         state = guide.state_after(tokens[:i])
+        quotes = len(UNESCAPED_QUOTE.findall(tok.decode(tokens[:i])))
         rows.append({"state": state, "allowed": len(index.allowed(state)),
-                     "token": shown_token(tok, t)})
+                     "token": shown_token(tok, t), "in_string": quotes % 2 == 1})
     return rows
 
 
@@ -380,6 +385,8 @@ def findings(result):
     cost = real["cost"]
     f.update(prompts=n, counts=counts, walk_tokens=len(steps),
              forced=sum(a <= FEW for a in steps), walk_max=max(steps),
+             max_in_string=all(s["in_string"] for s in real["walk"] if s["allowed"] == max(steps)),
+             content_right=counts["schema"]["fields"] == n,
              schema_states=real["schema_states"], visited=cost["visited"],
              mask_share=cost["mask_s"] / cost["decode_s"],
              first_vs_cached=cost["first_visit_s"] / cost["mask_s"],
@@ -407,14 +414,16 @@ def observations(result, lang):
         out.append(t["obs_index"].format(
             start=f["start_allowed"], vocab=f["vocab"], most=f["most_allowed"],
             eos=t["eos_yes" if f["eos_where_accepting"] else "eos_no"],
-            forced=f["forced"], steps=f["walk_tokens"], max=f["walk_max"], few=FEW))
+            forced=f["forced"], steps=f["walk_tokens"], few=FEW,
+            most_walk=t["in_string" if f["max_in_string"] else "anywhere"].format(max=f["walk_max"])))
         out.append(t["obs_before"].format(p=c["none"]["parses"], n=n, fields=c["none"]["fields"],
                                           fenced=c["none"]["fenced"],
                                           length=c["none"]["length"], m=result["max_tokens"]))
         out.append(t["obs_after"].format(
             po=c["json_object"]["parses"], vo=c["json_object"]["valid"],
             vs=c["schema"]["valid"], fs=c["schema"]["fields"], fn=c["none"]["fields"], n=n,
-            verdict=t["fixes" if f["fixes"] else "not_fixed"]))
+            verdict=t["fixes" if f["fixes"] else "not_fixed"],
+            content=t["content_right" if f["content_right"] else "content_not"]))
         out.append(t["obs_cost"].format(share=fmt_pct(f["mask_share"]),
                                         first=f"{f['first_vs_cached']:.0f}",
                                         visited=f["visited"], states=f["schema_states"]))
@@ -537,7 +546,8 @@ TEXT = {
                    "re.fullmatch 的判断一致。",
         "obs_index": "在真实词表上：起始状态允许 {start}/{vocab} 个 token，最多的状态允许 {most} 个；"
                      "{eos}沿着 schema 约束的回答，{steps} 步里有 {forced} 步最多只剩 {few} 个 token 可选"
-                     "（由格式决定），在字符串里面最多允许 {max} 个。",
+                     "（由格式决定），{most_walk}。",
+        "in_string": "在字符串里面最多允许 {max} 个", "anywhere": "最多时允许 {max} 个",
         "eos_yes": "结束符恰好只在接受状态出现，死状态一个也不允许。",
         "eos_no": "结束符并不恰好只在接受状态出现（见上表）。",
         "obs_before": "无约束时 SmolLM2 的 {n} 个回答里只有 {p} 个能被 json.loads 整个解析："
@@ -545,7 +555,8 @@ TEXT = {
                       "回答里第一个对象字段正确的有 {fields} 个。",
         "obs_after": "加上约束：json_object 下 {po}/{n} 个能解析（其中 {vo} 个恰好合 schema），"
                      "schema 下 {vs}/{n} 个合 schema。{verdict}字段对的是 {fs}/{n}（无约束时 {fn}/{n}）："
-                     "约束保证格式，不保证内容。",
+                     "{content}",
+        "content_not": "约束保证格式，不保证内容。", "content_right": "这一次内容也都对。",
         "fixes": "格式问题全部解决。", "not_fixed": "格式问题没有全部解决（见上表）。",
         "obs_cost": "本次运行实测：缓存的掩码是一步解码的 {share}；一个状态第一次访问（全部 token "
                     "走一遍）是缓存掩码的 {first} 倍，但只在生成到达它时付一次——schema 的 {states} "
@@ -608,7 +619,9 @@ TEXT = {
         "obs_index": "On the real vocabulary the start state allows {start} of {vocab} tokens, "
                      "the most permissive state {most}; {eos} Along a reply under the schema, "
                      "{forced} of {steps} steps allow at most {few} tokens (the format decides "
-                     "them), and inside a string up to {max} are allowed.",
+                     "them), and {most_walk}.",
+        "in_string": "inside a string up to {max} are allowed",
+        "anywhere": "at most {max} are allowed",
         "eos_yes": "the end is allowed exactly in the accepting states, and the dead state "
                    "allows nothing.",
         "eos_no": "the end is not allowed exactly in the accepting states (see the table).",
@@ -619,7 +632,9 @@ TEXT = {
         "obs_after": "Constrained: {po} of {n} parse under json_object ({vo} of them valid "
                      "against the schema), {vs} of {n} are valid under the schema. {verdict} "
                      "The fields are right in {fs} of {n} ({fn} of {n} without a constraint): "
-                     "the constraint guarantees the format, not the content.",
+                     "{content}",
+        "content_not": "the constraint guarantees the format, not the content.",
+        "content_right": "this time the content is right too.",
         "fixes": "The format is fixed everywhere.",
         "not_fixed": "The format is not fixed everywhere (see the table).",
         "obs_cost": "Measured in this run: the cached mask takes {share} of a decode step; a "

@@ -102,6 +102,8 @@ def test_findings_are_the_computed_numbers(quick):
     assert f["mask_share"] == real["cost"]["mask_s"] / real["cost"]["decode_s"]
     assert f["visited"] <= f["schema_states"]
     assert f["forced"] == sum(s["allowed"] <= D24.FEW for s in real["walk"])
+    assert f["max_in_string"]  # only inside a string value does the schema leave most tokens
+    assert f["content_right"] == (f["counts"]["schema"]["fields"] == n)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -119,6 +121,11 @@ def test_observations_follow_the_findings(quick, lang):
         other["real"]["prompts"][0]["replies"]["schema"]["valid"] = False
         changed = D24.observations(other, lang)
         assert changed[3] != one[3] and changed[:3] == one[:3]
+        other = copy.deepcopy(quick)
+        for p in other["real"]["prompts"]:
+            p["replies"]["schema"]["fields"] = not D24.findings(quick)["content_right"]
+        changed = D24.observations(other, lang)
+        assert changed[3] != one[3] and changed[:3] == one[:3] and changed[4:] == one[4:]
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
