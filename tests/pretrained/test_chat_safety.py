@@ -167,3 +167,8 @@ def test_the_server_keeps_specials_in_completions_only():
             "stop_token_ids": list(llm.chat_stop_ids)})
         assert status == 200 and same["choices"][0]["text"] == chat["choices"][0]["message"]["content"]
     assert np.all(np.asarray(hand) < llm.cfg.vocab)
+
+
+def test_a_prompt_beside_its_ids_must_be_text():
+    with pytest.raises(ValueError, match="'prompt' beside 'prompt_token_ids' is their text"):
+        tiny_llm().generate([{"prompt_token_ids": [5, 6], "prompt": 5}], greedy(), use_tqdm=False)

@@ -241,6 +241,9 @@ class LLM:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 text, prompt = prompt.get("prompt"), prompt["prompt_token_ids"]
+                if text is not None and not isinstance(text, str):
+                    raise ValueError(f"request {index}: 'prompt' beside 'prompt_token_ids' is "
+                                     f"their text, a string; got {type(text).__name__}")
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
