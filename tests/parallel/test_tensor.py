@@ -1,0 +1,98 @@
+"""Tensor parallel (parallel/tensor.py): on 1, 2 and 4 in-process ranks, GPT-2 and Llama
+configs with GQA (a K/V group on more than one rank too), the logits equal one process's
+and the all-reduces counted from comm.stats; bad sizes and shards; and the same under
+`mpiexec -n 2` where MPI is installed."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mpi import mpi_run
+from transformer_lab import TINY, TINY_GPT2, forward, init_params
+from transformer_lab.parallel import run_ranks
+from transformer_lab.parallel.tensor import tp_forward, tp_shard
+
+CONFIGS = {
+    "llama-gqa": TINY,                                   # 4 query heads, 2 K/V groups
+    "llama-mqa": TINY.replace(n_kv_heads=1),             # one group on every rank
+    "gpt2": TINY_GPT2,                                   # biases, tied head, learned positions
+    "gpt2-gelu-tanh-untied": TINY_GPT2.replace(mlp="gelu_tanh", tie_embeddings=False,
+                                               vocab=61),  # a vocabulary N does not divide
+}
+
+
+def run_tp(cfg, params, tokens, n):
+    """(logits, stats) of every rank."""
+    def body(c):
+        return tp_forward(tp_shard(params, cfg, c.rank, c.size), cfg, tokens, c), c.stats
+    return run_ranks(n, body)
+
+
+@settings(max_examples=12)
+@given(name=st.sampled_from(sorted(CONFIGS)), n=st.sampled_from([1, 2, 4]),
+       B=st.integers(1, 3), T=st.integers(1, 9))
+def test_logits_equal_one_process_float64(name, n, B, T):
+    cfg = CONFIGS[name]
+    params = init_params(cfg, seed=n + T)
+    tokens = np.random.default_rng(B * 10 + T).integers(0, cfg.vocab, (B, T))
+    ref = forward(params, cfg, tokens)
+    for logits, _ in run_tp(cfg, params, tokens, n):
+        np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama-gqa", "gpt2"])
+def test_logits_equal_one_process_float32(name):
+    cfg = CONFIGS[name].replace(dtype=np.float32)
+    params = init_params(cfg, seed=1)
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab, (2, 8))
+    ref = forward(params, cfg, tokens)
+    for logits, _ in run_tp(cfg, params, tokens, 2):
+        assert logits.dtype == np.float32
+        np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_two_all_reduces_per_layer_of_b_t_d_numbers(n):
+    cfg = TINY
+    params = init_params(cfg)
+    B, T = 2, 8  # B*T*d = 512 numbers
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab, (B, T))
+    results = run_tp(cfg, params, tokens, n)
+    S = B * T * cfg.d_model * 8  # bytes of one [B, T, d] float64 all-reduce
+    calls = 2 * cfg.n_layers + 1  # two per block, and the vocabulary-parallel embedding's
+    for _, stats in results:
+        assert stats["all_reduce"]["calls"] == calls
+        assert stats["all_gather"]["calls"] == 1  # the logits, gathered for the comparison
+    # The ring's 2 (N - 1) / N of S per rank, summed over the ranks: 2 (N - 1) S per call.
+    assert sum(s["all_reduce"]["bytes"] for _, s in results) == calls * 2 * (n - 1) * S
+
+
+def test_a_kv_group_is_kept_by_every_rank_that_reads_it():
+    cfg = TINY.replace(n_heads=4, n_kv_heads=1)
+    params = init_params(cfg)
+    shards = [tp_shard(params, cfg, r, 4) for r in range(4)]
+    for r, s in enumerate(shards):
+        a = s["blocks"][0]["attn"]
+        assert a["wq"].shape == (32, 8) and a["wo"].shape == (8, 32)
+        assert np.array_equal(a["wk"], params["blocks"][0]["attn"]["wk"])  # the one group
+        assert s["tok_emb"].shape == (16, 32) and s["blocks"][0]["mlp"]["w_down"].shape == (16, 32)
+
+
+def test_bad_sizes_and_shards():
+    params = init_params(TINY)
+    with pytest.raises(ValueError, match="size 3 does not divide the 4 query heads"):
+        tp_shard(params, TINY, 0, 3)
+    wide = TINY.replace(d_ff=66)
+    with pytest.raises(ValueError, match="size 4 does not divide the MLP width d_ff=66"):
+        tp_shard(init_params(wide), wide, 0, 4)
+    with pytest.raises(ValueError, match="tensor-parallel rank must be"):
+        tp_shard(params, TINY, 2, 2)
+    tokens = np.zeros((1, 4), dtype=np.int64)
+    with pytest.raises(ValueError, match=r"shard tok_emb has shape \(32, 32\), rank 0 of 4 "
+                                         r"holds \(16, 32\)"):
+        run_ranks(4, lambda c: tp_forward(tp_shard(params, TINY, c.rank, 2), TINY, tokens, c))
+
+
+def test_under_mpiexec():
+    out = mpi_run(2, ["tests/parallel/mpi_tensor_checks.py"], timeout=90)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("tensor parallel ok") == 2, out.stdout

@@ -1,0 +1,215 @@
+"""Tensor parallel, Megatron-LM's split (arXiv 1909.08053): each of N ranks holds 1/N of
+every block's matrices, and a block costs two all-reduces forward and two backward.
+
+    Q, K, V   by heads (columns): rank r keeps query heads r H/N .. (r+1) H/N - 1 and the
+              K/V groups they read. With fewer groups than ranks (or groups that straddle
+              two ranks) a group is kept by every rank whose heads read it, and its grads
+              are summed over them at the end (one more all-reduce, only then)
+    wo        by rows, the same heads: each rank's attention gives a partial sum of the
+              update; one all-reduce completes it
+    gate, up  by columns: silu(gate) * up is elementwise, so each rank's units are whole
+    w_down    by rows: a partial sum again, one all-reduce
+    tok_emb   by vocabulary rows: a rank looks up the ids it holds (zeros for the others'),
+              one all-reduce gives every embedding
+    head      by vocabulary columns: each rank's logits [B, T, V/N]. The cross-entropy needs
+              only each row's max, sum of exponentials and target logit over the whole
+              vocabulary: two all-reduces of [B*T] numbers, so no rank holds [B, T, V]
+    the rest  norms, the biases of wo and w_down, pos_emb: on every rank, computed alike
+
+Megatron's f and g: f, in front of a column-parallel product, is the identity forward and
+an all-reduce backward (each rank's input gradient is partial); g, after a row-parallel
+product, is an all-reduce forward and the identity backward. So a block's backward also
+does two all-reduces, each of B*T*d numbers, and the replicated params' grads come out
+whole and equal on every rank.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..attention import attention_core, attention_core_backward
+from ..config import Config
+from ..model import check_targets, check_tokens, norm
+from ..ops import (IGNORE, gelu, gelu_backward, gelu_tanh, gelu_tanh_backward, silu,
+                   silu_backward)
+from ..params import check_params, map_params, named_params, param_shapes
+from ..positions import apply_rope, apply_rope_backward, rope_at, sinusoidal_pe
+from ..products import matmul_rows
+from ..training.backward import linear_backward, norm_backward
+from ..validate import check_int
+from .comm import split_sizes
+
+
+# ---------------------------------------------------------------- which rank holds what
+
+def _plan(cfg: Config, rank, size):
+    """The ranges rank `rank` of `size` holds: heads [h0, h1), K/V groups [g0, g1), MLP
+    units [f0, f1), vocabulary ids [v0, v1); each local query head's local group."""
+    if cfg.attention == "mla":
+        raise ValueError("tensor parallel splits Q/K/V by heads; attention='mla' is not "
+                         "supported")
+    size = check_int(size, "tensor-parallel size", low=1)
+    rank = check_int(rank, "tensor-parallel rank", low=0, high=size - 1)
+    H, F = cfg.n_heads, cfg.d_ff
+    if H % size:
+        raise ValueError(f"tensor-parallel size {size} does not divide the {H} query heads")
+    if cfg.mlp != "none" and F % size:
+        raise ValueError(f"tensor-parallel size {size} does not divide the MLP width "
+                         f"d_ff={F}")
+    per, R = H // size, cfg.group_size
+    h0, h1 = rank * per, (rank + 1) * per
+    g0, g1 = h0 // R, (h1 - 1) // R + 1
+    vocab = split_sizes(cfg.vocab, size)
+    v0 = sum(vocab[:rank])
+    group_of = np.arange(h0, h1) // R - g0  # [H/N] local group of each local query head
+    return SimpleNamespace(
+        rank=rank, size=size, h0=h0, h1=h1, g0=g0, g1=g1, f0=rank * F // size,
+        f1=(rank + 1) * F // size, v0=v0, v1=v0 + vocab[rank], group_of=group_of,
+        group_starts=np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]]),
+        kv_shared=cfg.n_kv_heads % size != 0)  # a group on more than one rank
+
+
+def tp_slices(cfg: Config, rank, size) -> dict:
+    """The params' layout with, at each leaf, the tuple of slices that cuts rank's shard out
+    of the whole array (() for a replicated one)."""
+    p, D = _plan(cfg, rank, size), cfg.head_dim
+    q, kv, f = slice(p.h0 * D, p.h1 * D), slice(p.g0 * D, p.g1 * D), slice(p.f0, p.f1)
+    every = slice(None)
+    rules = {"wq": (every, q), "bq": (q,), "wk": (every, kv), "wv": (every, kv), "bk": (kv,),
+             "bv": (kv,), "wo": (q,), "w_gate": (every, f), "w_up": (every, f),
+             "b_gate": (f,), "b_up": (f,), "w_down": (f,)}
+    vocab = slice(p.v0, p.v1)
+    top = {"tok_emb": (vocab,), "lm_head.w": (every, vocab), "lm_head.b": (vocab,)}
+
+    def pick(name, _shape):
+        if name.startswith("blocks"):
+            return rules.get(name.rsplit(".", 1)[-1], ())
+        return top.get(name, ())
+    return map_params(pick, param_shapes(cfg), names=True)
+
+
+def tp_shard(params, cfg: Config, rank, size) -> dict:
+    """Rank `rank`'s params of a tensor-parallel group of `size`: fresh contiguous arrays,
+    in the params' own nested layout (each leaf a slice of the whole, tp_slices)."""
+    check_params(params, cfg)
+    cuts = dict(named_params(tp_slices(cfg, rank, size)))
+    return map_params(lambda name, a: np.ascontiguousarray(a[cuts[name]]), params, names=True)
+
+
+def _check_shard(shard, cfg: Config, comm):
+    """The plan of comm's rank, after checking the shard has that rank's shapes."""
+    plan = _plan(cfg, comm.rank, comm.size)
+    whole = dict(named_params(param_shapes(cfg)))
+    got = dict(named_params(shard)) if isinstance(shard, dict) else {}
+    for name, cut in named_params(tp_slices(cfg, comm.rank, comm.size)):
+        want = tuple(len(range(*c.indices(n))) for c, n in zip(cut, whole[name])) \
+            + whole[name][len(cut):]
+        have = getattr(got.get(name), "shape", None)
+        if have != want:
+            raise ValueError(f"tensor parallel: shard {name} has shape {have}, rank "
+                             f"{comm.rank} of {comm.size} holds {want}")
+    return plan
+
+
+# ---------------------------------------------------------------- the forward, one rank
+
+def _linear(x, p, w, b, cfg):
+    y = matmul_rows(x, p[w])  # [..., out]
+    return y + p[b] if cfg.bias and b in p else y
+
+
+def _attention(h, a, cfg: Config, plan, rope, saved):
+    """This rank's heads on the whole normed stream h [B, T, d]: its partial sum of the
+    attention update [B, T, d] (g's all-reduce completes it)."""
+    B, T, _ = h.shape
+    D = cfg.head_dim
+    q = _linear(h, a, "wq", "bq", cfg).reshape(B, T, -1, D)  # [B, T, H/N, D]
+    k = _linear(h, a, "wk", "bk", cfg).reshape(B, T, -1, D)  # [B, T, its groups, D]
+    v = _linear(h, a, "wv", "bv", cfg).reshape(B, T, -1, D)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    k, v = k[:, :, plan.group_of], v[:, :, plan.group_of]  # [B, T, H/N, D]: each head's group
+    out = attention_core(q, k, v)  # [B, T, H/N * D]
+    saved.update(attn_in=h, q=q, k=k, v=v, out=out)
+    return matmul_rows(out, a["wo"])  # [B, T, d], wo's rows of these heads
+
+
+def _mlp(h, m, cfg: Config, saved):
+    """This rank's MLP units on h [B, T, d]: its partial sum of the MLP's output."""
+    up = _linear(h, m, "w_up", "b_up", cfg)  # [B, T, d_ff/N]
+    if cfg.mlp == "swiglu":
+        saved["gate"] = gate = _linear(h, m, "w_gate", "b_gate", cfg)
+        hidden = silu(gate) * up
+    else:
+        hidden = gelu(up) if cfg.mlp == "gelu" else gelu_tanh(up)
+    saved.update(mlp_in=h, up=up, hidden=hidden)
+    return matmul_rows(hidden, m["w_down"])  # [B, T, d]
+
+
+def _plus_bias(y, p, b, cfg):
+    """A row-parallel product's bias, added once, after the all-reduce."""
+    return y + p[b] if cfg.bias else y
+
+
+def tp_block(x, p, cfg: Config, comm, plan, rope=None, saved=None):
+    """One block on every rank: x [B, T, d] is whole and equal on each, so is the result."""
+    saved = {} if saved is None else saved
+    saved["resid_pre"] = x
+    h = norm(x, p["attn_norm"], cfg)                                  # f: each rank reads all
+    x = x + _plus_bias(comm.all_reduce(_attention(h, p["attn"], cfg, plan, rope, saved)),
+                       p["attn"], "bo", cfg)                          # g: all-reduce 1
+    if cfg.mlp != "none":
+        saved["resid_mid"] = x
+        h = norm(x, p["mlp_norm"], cfg)                               # f
+        x = x + _plus_bias(comm.all_reduce(_mlp(h, p["mlp"], cfg, saved)),
+                           p["mlp"], "b_down", cfg)                   # g: all-reduce 2
+    return x
+
+
+def _embed(shard, cfg: Config, tokens, comm, plan):
+    """Vocabulary-parallel embedding: each rank looks up the ids in its rows, zeros for the
+    rest; the all-reduce adds each id's one row to zeros, so the sum is that row exactly."""
+    local = tokens - plan.v0
+    mine = (local >= 0) & (local < plan.v1 - plan.v0)  # [B, T]
+    rows = shard["tok_emb"][np.where(mine, local, 0)]  # [B, T, d]
+    x = comm.all_reduce(np.where(mine[..., None], rows, 0).astype(cfg.dtype))
+    T = tokens.shape[1]
+    if cfg.pos == "learned":
+        x = x + shard["pos_emb"][:T]
+    elif cfg.pos == "sinusoidal":
+        x = x + sinusoidal_pe(np.arange(T), cfg.d_model).astype(cfg.dtype)
+    return x
+
+
+def _head(shard, cfg: Config):
+    """The head's columns of this rank's vocabulary, [d, V/N] (a tied head: tok_emb.T)."""
+    return shard["tok_emb"].T if cfg.tie_embeddings else shard["lm_head"]["w"]
+
+
+def _local_logits(xn, shard, cfg: Config):
+    z = matmul_rows(xn, _head(shard, cfg))  # [B, T, V/N]
+    return z + shard["lm_head"]["b"] if cfg.bias else z
+
+
+def _trunk(shard, cfg: Config, tokens, comm, plan, saved=None):
+    """Embedding and blocks: the final stream [B, T, d], whole on every rank."""
+    T = tokens.shape[1]
+    rope = rope_at(np.arange(T), cfg.rope_dim, cfg.rope_base, cfg.dtype) \
+        if cfg.pos == "rope" else None
+    x = _embed(shard, cfg, tokens, comm, plan)  # [B, T, d]
+    for i, p in enumerate(shard["blocks"]):
+        x = tp_block(x, p, cfg, comm, plan, rope, None if saved is None else saved[i])
+    return x, rope
+
+
+def tp_forward(shard, cfg: Config, tokens, comm):
+    """The whole logits [B, T, V] on every rank, equal to forward(params, cfg, tokens): the
+    vocabulary-parallel logits all-gathered at the end (for the comparison; the loss never
+    gathers them, tp_loss_and_grads)."""
+    plan = _check_shard(shard, cfg, comm)
+    tokens = check_tokens(tokens, cfg)
+    x, _ = _trunk(shard, cfg, tokens, comm, plan)
+    z = _local_logits(norm(x, shard["final_norm"], cfg), shard, cfg)  # [B, T, V/N]
+    whole = comm.all_gather(np.ascontiguousarray(np.moveaxis(z, -1, 0)))  # [V, B, T]
+    return np.ascontiguousarray(np.moveaxis(whole, 0, -1))  # [B, T, V]
