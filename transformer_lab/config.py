@@ -21,6 +21,14 @@ POSITIONS = ("rope", "learned", "sinusoidal", "none")
 ATTENTIONS = ("gqa", "mha", "mqa", "mla")
 MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+ROUTERS = ("softmax", "sigmoid")
+# The mixture-of-experts fields (n_experts >= 1 turns them on), named as below and read
+# from HF config.json by these keys: num_local_experts / num_experts / n_routed_experts,
+# num_experts_per_tok, moe_intermediate_size, n_shared_experts, norm_topk_prob,
+# routed_scaling_factor, n_group, topk_group, first_k_dense_replace.
+MOE_FIELDS = ("experts_per_token", "moe_d_ff", "n_shared_experts", "shared_expert_gate",
+              "router", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group",
+              "first_dense_layers")
 
 
 def check_dtype(dtype, who) -> np.dtype:
@@ -61,10 +69,35 @@ class Config:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     q_lora_rank: int | None = None
+    # Mixture of experts (moe.py), on when n_experts >= 1; every other field below then
+    # applies, and with n_experts = 0 (dense) each must keep its default.
+    # n_experts routed experts, experts_per_token (k) of them chosen per token, each a
+    # SwiGLU MLP of width moe_d_ff (None: d_ff).
+    n_experts: int = 0
+    experts_per_token: int | None = None
+    moe_d_ff: int | None = None
+    # Shared experts that every token goes through, fused into one SwiGLU MLP of width
+    # n_shared_experts * moe_d_ff (DeepSeek); shared_expert_gate scales its output by
+    # sigmoid(x @ shared_gate), a [d, 1] weight (Qwen2-MoE).
+    n_shared_experts: int = 0
+    shared_expert_gate: bool = False
+    # The router: "softmax" (Mixtral, Qwen) turns its logits into probabilities and takes
+    # the top k; "sigmoid" (DeepSeek-V3) scores each expert alone and chooses by the score
+    # plus e_score_correction_bias, within the best topk_group of n_group groups.
+    # norm_topk_prob renormalises the k weights to sum to 1 (Mixtral always does);
+    # routed_scaling_factor then multiplies them (DeepSeek-V3: 2.5).
+    router: str = "softmax"
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    # The first layers keep a dense MLP of width d_ff (DeepSeek-V3's first_k_dense_replace).
+    first_dense_layers: int = 0
 
     def __post_init__(self):
         # Frozen dataclass: normalise fields through object.__setattr__.
         self._check_attention()
+        self._check_experts()
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         for name in ("vocab", "d_model", "n_heads", "n_kv_heads", "n_layers", "d_ff", "max_seq"):
@@ -129,6 +162,70 @@ class Config:
                                  f"RMS-normed); got norm={self.norm!r}")
             if self.bias:
                 raise ValueError("Config.attention='mla' has no biases; use bias=False")
+
+    def _check_experts(self):
+        """The MoE fields: each a valid value, and the choice of k experts possible."""
+        n = check_int(self.n_experts, "Config.n_experts", low=0)
+        object.__setattr__(self, "n_experts", n)
+        if n == 0:
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            for name in MOE_FIELDS:
+                if getattr(self, name) != defaults[name]:
+                    raise ValueError(f"Config.{name} applies only to a mixture of experts "
+                                     f"(n_experts >= 1); got {name}={getattr(self, name)!r} "
+                                     f"with n_experts=0")
+            return
+        if self.experts_per_token is None:
+            raise ValueError("Config.n_experts >= 1 needs experts_per_token (an int >= 1)")
+        for name, low in (("experts_per_token", 1), ("n_shared_experts", 0), ("n_group", 1),
+                          ("topk_group", 1), ("first_dense_layers", 0)):
+            object.__setattr__(self, name, check_int(getattr(self, name), f"Config.{name}",
+                                                     low=low))
+        if self.moe_d_ff is not None:
+            object.__setattr__(self, "moe_d_ff", check_int(self.moe_d_ff, "Config.moe_d_ff", low=1))
+        for name in ("shared_expert_gate", "norm_topk_prob"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
+        object.__setattr__(self, "routed_scaling_factor", check_number(
+            self.routed_scaling_factor, "Config.routed_scaling_factor", low=0, low_open=True))
+        k, groups, chosen = self.experts_per_token, self.n_group, self.topk_group
+        if self.router not in ROUTERS:
+            raise ValueError(f"Config.router must be one of {', '.join(ROUTERS)}; "
+                             f"got {self.router!r}")
+        if self.mlp != "swiglu":
+            raise ValueError(f"Config.n_experts >= 1 needs mlp='swiglu' (each expert is a "
+                             f"SwiGLU MLP); got mlp={self.mlp!r}")
+        if k > n:
+            raise ValueError(f"Config.experts_per_token ({k}) must be at most n_experts ({n})")
+        if chosen > groups:
+            raise ValueError(f"Config.topk_group ({chosen}) must be at most n_group ({groups})")
+        if n % groups:
+            raise ValueError(f"Config.n_group ({groups}) must divide n_experts ({n})")
+        if groups > 1 and self.router != "sigmoid":
+            raise ValueError(f"Config.n_group > 1 is DeepSeek-V3's group choice, which needs "
+                             f"router='sigmoid'; got router={self.router!r}")
+        if groups > 1 and n // groups < 2:
+            raise ValueError(f"Config.n_group ({groups}) leaves {n // groups} expert per group; "
+                             f"each group is scored by its top 2, so it needs at least 2")
+        if k > chosen * (n // groups):
+            raise ValueError(f"Config.experts_per_token ({k}) is more than the {chosen} chosen "
+                             f"groups of {n // groups} experts hold (topk_group * n_experts / "
+                             f"n_group)")
+        if self.shared_expert_gate and self.n_shared_experts == 0:
+            raise ValueError("Config.shared_expert_gate needs n_shared_experts >= 1")
+        if self.first_dense_layers > self.n_layers:
+            raise ValueError(f"Config.first_dense_layers ({self.first_dense_layers}) must be at "
+                             f"most n_layers ({self.n_layers})")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Does block `layer` hold a mixture of experts (else a dense MLP, or none)?"""
+        return self.n_experts > 0 and layer >= self.first_dense_layers
+
+    @property
+    def expert_d_ff(self) -> int:
+        """Each routed expert's hidden width: moe_d_ff, or d_ff when it is not set."""
+        return self.d_ff if self.moe_d_ff is None else self.moe_d_ff
 
     @property
     def head_dim(self) -> int:

@@ -1,8 +1,9 @@
 """The params: their layout, initialisation and checks, the one walk over them, and packing.
 
 params is a nested dict of arrays, laid out by _layout(cfg): tok_emb, pos_emb
-for learned positions, blocks[i] with attn_norm, attn, mlp_norm and mlp, then
-final_norm and lm_head. Weights are [in, out], so a layer is x @ W.
+for learned positions, blocks[i] with attn_norm, attn, mlp_norm and mlp (or moe in
+a mixture-of-experts layer), then final_norm and lm_head. Weights are [in, out], so
+a layer is x @ W.
 """
 from __future__ import annotations
 
@@ -51,13 +52,16 @@ def _layout(cfg: Config) -> dict:
     if cfg.pos == "learned":
         layout["pos_emb"] = ((cfg.max_seq, d), NORMAL)
 
-    def block():
+    def block(layer):
         # mlp="none" makes an attention-only block: no MLP and no norm in front of it.
         if cfg.mlp == "none":
             return {"attn_norm": norm(), "attn": _copy(attn)}
+        if cfg.is_moe_layer(layer):
+            return {"attn_norm": norm(), "attn": _copy(attn), "mlp_norm": norm(),
+                    "moe": _moe_layout(cfg)}
         return {"attn_norm": norm(), "attn": _copy(attn), "mlp_norm": norm(), "mlp": dict(mlp)}
 
-    layout["blocks"] = [block() for _ in range(cfg.n_layers)]
+    layout["blocks"] = [block(layer) for layer in range(cfg.n_layers)]
     layout["final_norm"] = norm()
     layout["lm_head"] = head
     return layout
@@ -86,6 +90,30 @@ def _mla_layout(cfg: Config) -> dict:
     attn.update(wkv_a=((d, c + rope), NORMAL), kv_norm={"weight": ((c,), ONES)},
                 wkv_b=((c, H * (nope + v)), NORMAL), wo=((H * v, d), RESIDUAL))
     return attn
+
+
+def _moe_layout(cfg: Config) -> dict:
+    """A mixture-of-experts layer's params (moe.py), HF's modules as [in, out].
+
+    router [d, E]; the routed experts stacked, expert e's SwiGLU MLP at index e:
+    w_gate, w_up [E, d, I] and w_down [E, I, d] (I = expert_d_ff). With n_shared_experts,
+    shared: one SwiGLU MLP of width n_shared_experts * I that every token goes through,
+    and with shared_expert_gate its gate shared_gate [d, 1]. With router="sigmoid",
+    e_score_correction_bias [E]: DeepSeek-V3's per-expert bias, added to the scores only
+    to choose the experts (it starts at zero; training moves it to balance the load).
+    """
+    d, E, I = cfg.d_model, cfg.n_experts, cfg.expert_d_ff
+    moe = {"router": ((d, E), NORMAL), "w_gate": ((E, d, I), NORMAL),
+           "w_up": ((E, d, I), NORMAL), "w_down": ((E, I, d), RESIDUAL)}
+    if cfg.n_shared_experts:
+        S = cfg.n_shared_experts * I
+        moe["shared"] = {"w_gate": ((d, S), NORMAL), "w_up": ((d, S), NORMAL),
+                         "w_down": ((S, d), RESIDUAL)}
+        if cfg.shared_expert_gate:
+            moe["shared_gate"] = ((d, 1), NORMAL)
+    if cfg.router == "sigmoid":
+        moe["e_score_correction_bias"] = ((E,), ZEROS)
+    return moe
 
 
 def map_params(fn, tree, *, names=False, _prefix=""):
@@ -188,8 +216,11 @@ def check_params(params, cfg: Config):
 def _describe(cfg):
     heads = (f"attention='mla', kv_lora_rank={cfg.kv_lora_rank}, q_lora_rank={cfg.q_lora_rank}"
              if cfg.attention == "mla" else f"n_kv_heads={cfg.n_kv_heads}")
+    experts = (f", n_experts={cfg.n_experts}, moe_d_ff={cfg.expert_d_ff}, n_shared_experts="
+               f"{cfg.n_shared_experts}, router={cfg.router!r}, first_dense_layers="
+               f"{cfg.first_dense_layers}" if cfg.n_experts else "")
     return (f"d_model={cfg.d_model}, n_heads={cfg.n_heads}, {heads}, "
-            f"d_ff={cfg.d_ff}, vocab={cfg.vocab}, n_layers={cfg.n_layers}")
+            f"d_ff={cfg.d_ff}, vocab={cfg.vocab}, n_layers={cfg.n_layers}{experts}")
 
 
 
@@ -348,6 +379,8 @@ def pack_weights(params, cfg: Config):
             if name in p and key in p[name]:
                 p[name][key] = _in_packed_order(p[name][key])
         for name, packed_name, keys in _packed_groups(cfg):
+            if name not in p:  # a mixture-of-experts layer has no dense mlp to pack
+                continue
             group = p[name]
             if not (isinstance(group, PackedGroup) and group.product(packed_name) is not None):
                 p[name] = _pack_group(group, packed_name, keys)
@@ -370,6 +403,8 @@ def empty_packed_params(cfg: Config) -> dict:
             if name in p and key in p[name]:
                 p[name][key] = _empty_packed(p[name][key].shape, cfg.dtype)
         for name, packed_name, keys in _packed_groups(cfg):
+            if name not in p:
+                continue
             width = sum(p[name][key].shape[1] for key in keys)
             p[name] = _pack_group(p[name], packed_name, keys,
                                   _empty_packed((cfg.d_model, width), cfg.dtype))
