@@ -1,15 +1,18 @@
 """Tensor parallel (parallel/tensor.py): on 1, 2 and 4 in-process ranks, GPT-2 and Llama
 configs with GQA (a K/V group on more than one rank too), the logits equal one process's
-and the all-reduces counted from comm.stats; bad sizes and shards; and the same under
-`mpiexec -n 2` where MPI is installed."""
+and the all-reduces counted from comm.stats; the vocabulary-parallel cross-entropy and
+every shard's grads equal to their slices of loss_and_grads; bad sizes and shards; and the
+same under `mpiexec -n 2` where MPI is installed."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from mpi import mpi_run
 from transformer_lab import TINY, TINY_GPT2, forward, init_params
-from transformer_lab.parallel import run_ranks
-from transformer_lab.parallel.tensor import tp_forward, tp_shard
+from transformer_lab.params import named_params
+from transformer_lab.parallel import run_ranks, tensor
+from transformer_lab.parallel.tensor import tp_forward, tp_loss_and_grads, tp_shard, tp_slices
+from transformer_lab.training.backward import loss_and_grads
 
 CONFIGS = {
     "llama-gqa": TINY,                                   # 4 query heads, 2 K/V groups
@@ -96,3 +99,64 @@ def test_under_mpiexec():
     out = mpi_run(2, ["tests/parallel/mpi_tensor_checks.py"], timeout=90)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("tensor parallel ok") == 2, out.stdout
+
+
+# ---------------------------------------------------------------- the loss and its grads
+
+def test_parallel_cross_entropy_equals_the_whole_softmax():
+    from transformer_lab.ops import cross_entropy, cross_entropy_backward
+    from transformer_lab.parallel.tensor import parallel_cross_entropy
+    rng = np.random.default_rng(0)
+    logits, targets = rng.standard_normal((6, 61)), rng.integers(0, 61, 6)
+    targets[2] = -1
+    cfg = TINY_GPT2.replace(vocab=61, tie_embeddings=False)
+
+    def body(c):
+        cols = dict(named_params(tp_slices(cfg, c.rank, c.size)))["lm_head.w"][1]
+        plan = tensor._plan(cfg, c.rank, c.size)
+        loss, dz = parallel_cross_entropy(logits[:, cols], targets, 5, plan, c)
+        return loss, dz, cols
+    for loss, dz, cols in run_ranks(4, body):
+        assert loss == pytest.approx(cross_entropy(logits, targets), abs=1e-12)
+        np.testing.assert_allclose(dz, cross_entropy_backward(logits, targets)[:, cols],
+                                   rtol=0, atol=1e-12)
+
+
+@settings(max_examples=10)
+@given(name=st.sampled_from(sorted(CONFIGS)), n=st.sampled_from([1, 2, 4]),
+       T=st.integers(2, 8))
+def test_grads_equal_the_slices_of_one_process(name, n, T):
+    cfg = CONFIGS[name]
+    params = init_params(cfg, seed=T)
+    rng = np.random.default_rng(T)
+    tokens, targets = rng.integers(0, cfg.vocab, (2, T)), rng.integers(0, cfg.vocab, (2, T))
+    targets[0, :T // 2] = -1  # a prompt the loss ignores
+    loss, grads = loss_and_grads(params, cfg, tokens, targets)
+    whole = dict(named_params(grads))
+
+    def body(c):
+        shard = tp_shard(params, cfg, c.rank, c.size)
+        return tp_loss_and_grads(shard, cfg, tokens, targets, c), c.stats
+    for r, ((tp_loss, tp_grads), stats) in enumerate(run_ranks(n, body)):
+        assert tp_loss == pytest.approx(loss, abs=1e-12)
+        cuts = dict(named_params(tp_slices(cfg, r, n)))
+        for key, g in named_params(tp_grads):
+            np.testing.assert_allclose(g, whole[key][cuts[key]], rtol=0, atol=1e-10,
+                                       err_msg=key)
+        # forward 2L + 1, the loss 2, backward 2L + 1 (the head's f), and one for the K/V
+        # groups kept by more than one rank
+        shared = cfg.n_kv_heads % n != 0
+        assert stats["all_reduce"]["calls"] == 4 * cfg.n_layers + 4 + shared
+
+
+def test_loss_errors():
+    params = init_params(TINY)
+    tokens = np.zeros((1, 4), dtype=np.int64)
+
+    def body(c, targets):
+        return tp_loss_and_grads(tp_shard(params, TINY, c.rank, c.size), TINY, tokens,
+                                 targets, c)
+    with pytest.raises(ValueError, match="every target is -1"):
+        run_ranks(2, body, np.full((1, 4), -1))
+    with pytest.raises(ValueError, match="targets shape"):
+        run_ranks(2, body, np.zeros((1, 3), dtype=np.int64))

@@ -213,3 +213,152 @@ def tp_forward(shard, cfg: Config, tokens, comm):
     z = _local_logits(norm(x, shard["final_norm"], cfg), shard, cfg)  # [B, T, V/N]
     whole = comm.all_gather(np.ascontiguousarray(np.moveaxis(z, -1, 0)))  # [V, B, T]
     return np.ascontiguousarray(np.moveaxis(whole, 0, -1))  # [B, T, V]
+
+
+# ---------------------------------------------------------------- the loss and its backward
+
+def parallel_cross_entropy(z, targets, n_targets, plan, comm):
+    """(loss, dz) for this rank's logits z [N, V/N] of ids [v0, v1): the softmax over the
+    whole vocabulary from three numbers per row, all-reduced (the max, then the sum of
+    exponentials and the target's logit together), never the [N, V] logits."""
+    t = targets.reshape(-1)
+    kept = t != IGNORE
+    local = t - plan.v0
+    mine = kept & (local >= 0) & (local < z.shape[1])  # this rank holds the row's target
+    rows, at = np.flatnonzero(mine), local[mine]
+    top = comm.all_reduce(z.max(axis=1), op="max")  # [N] the row max over every id
+    e = np.exp(z - top[:, None])  # [N, V/N]
+    picked = np.zeros_like(top)
+    picked[rows] = z[rows, at]
+    total, target = comm.all_reduce(np.stack([e.sum(axis=1), picked]))  # [2, N]
+    loss = float(((np.log(total) + top - target)[kept]).sum() / n_targets)
+    dz = e / total[:, None]  # softmax, this rank's columns
+    dz[rows, at] -= 1.0
+    dz *= (kept / n_targets)[:, None].astype(z.dtype)  # ignored rows: no gradient
+    return loss, dz
+
+
+def tp_loss_and_grads(shard, cfg: Config, tokens, targets, comm):
+    """(loss, grads) of the mean next-token cross-entropy, grads in the shard's layout,
+    each equal to its slice (tp_slices) of loss_and_grads(params, ...)'s: Megatron's
+    backward, the blocks in reverse, with f's all-reduce of each input gradient."""
+    plan = _check_shard(shard, cfg, comm)
+    tokens = check_tokens(tokens, cfg)
+    targets = check_targets(targets, tokens, cfg)
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"targets must be integer ids, got dtype {targets.dtype}")
+    n_targets = int(np.count_nonzero(targets != IGNORE))
+    if n_targets == 0:
+        raise ValueError(f"every target is {IGNORE} (ignored): there is no position to "
+                         f"average the loss over")
+    saved = [{} for _ in shard["blocks"]]
+    x, rope = _trunk(shard, cfg, tokens, comm, plan, saved)  # [B, T, d]
+    xn = norm(x, shard["final_norm"], cfg)
+    xn2 = xn.reshape(-1, cfg.d_model)  # [N, d]
+    z = _local_logits(xn2, shard, cfg)  # [N, V/N]
+    loss, dz = parallel_cross_entropy(z, targets, n_targets, plan, comm)
+
+    grads = {"lm_head": {}}
+    w = _head(shard, cfg)  # [d, V/N]
+    dhead = xn2.T @ dz  # [d, V/N]
+    if not cfg.tie_embeddings:
+        grads["lm_head"]["w"] = dhead
+    if cfg.bias:
+        grads["lm_head"]["b"] = dz.sum(axis=0)
+    dxn = comm.all_reduce((dz @ w.T).reshape(x.shape))  # f: each rank's part of dxn
+    dx, grads["final_norm"] = norm_backward(dxn, x, shard["final_norm"], cfg)
+    grads["blocks"] = [None] * cfg.n_layers
+    for i in reversed(range(cfg.n_layers)):
+        dx, grads["blocks"][i] = tp_block_backward(dx, shard["blocks"][i], cfg, comm, plan,
+                                                   saved[i], rope)
+    grads.update(_embed_backward(dx, tokens, cfg, plan, dhead.T if cfg.tie_embeddings else None))
+    if plan.kv_shared:
+        _sum_shared_kv_grads(grads, cfg, comm)
+    by_name = dict(named_params(grads))
+    return loss, map_params(lambda name, _: by_name[name], shard, names=True)  # shard's order
+
+
+def tp_block_backward(dy, p, cfg: Config, comm, plan, s, rope=None):
+    """Backward of tp_block: dy [B, T, d], whole on every rank, is d(loss)/d(its output);
+    returns d(loss)/d(its input), whole, and this rank's grads of the block."""
+    grads = {}
+    if cfg.mlp != "none":
+        dh, grads["mlp"] = _mlp_backward(dy, p["mlp"], cfg, s)         # g: dy as it is
+        dh = comm.all_reduce(dh)                                         # f: all-reduce 1
+        dres, grads["mlp_norm"] = norm_backward(dh, s["resid_mid"], p["mlp_norm"], cfg)
+        dy = dy + dres
+    dh, grads["attn"] = _attention_backward(dy, p["attn"], cfg, plan, s, rope)
+    dh = comm.all_reduce(dh)                                             # f: all-reduce 2
+    dres, grads["attn_norm"] = norm_backward(dh, s["resid_pre"], p["attn_norm"], cfg)
+    return dy + dres, grads
+
+
+def _mlp_backward(dy, m, cfg: Config, s):
+    """This rank's part of d(mlp_in), and its MLP grads."""
+    dhidden, grads = linear_backward(dy, s["hidden"], m, "w_down", "b_down")
+    if cfg.mlp == "swiglu":
+        dup = dhidden * silu(s["gate"])
+        dx, g = linear_backward(silu_backward(dhidden * s["up"], s["gate"]), s["mlp_in"], m,
+                                "w_gate", "b_gate")
+        grads.update(g)
+    else:
+        dup = (gelu_backward if cfg.mlp == "gelu" else gelu_tanh_backward)(dhidden, s["up"])
+        dx = 0
+    dx_up, g = linear_backward(dup, s["mlp_in"], m, "w_up", "b_up")
+    grads.update(g)
+    return dx + dx_up, grads
+
+
+def _attention_backward(dy, a, cfg: Config, plan, s, rope):
+    """This rank's part of d(attn_in), and its attention grads."""
+    B, T, _ = dy.shape
+    dout, grads = linear_backward(dy, s["out"], a, "wo", "bo")  # [B, T, H/N * D]
+    dq, dk, dv = attention_core_backward(dout, s["q"], s["k"], s["v"])  # each [B,T,H/N,D]
+    # each local group's gradient: the sum over the query heads that read it (runs of heads)
+    dk, dv = (np.add.reduceat(d, plan.group_starts, axis=2) for d in (dk, dv))
+    if rope is not None:
+        dq, dk = apply_rope_backward(dq, *rope), apply_rope_backward(dk, *rope)
+    dx = 0
+    for name, d in (("q", dq), ("k", dk), ("v", dv)):
+        dx_part, g = linear_backward(d.reshape(B, T, -1), s["attn_in"], a, "w" + name,
+                                     "b" + name)
+        grads.update(g)
+        dx = dx + dx_part  # attn_in fed all three products
+    return dx, grads
+
+
+def _embed_backward(dx, tokens, cfg: Config, plan, dtok=None):
+    """The vocabulary rows' grads (a row per id this rank holds; a tied head's part dtok
+    added), and pos_emb's, whole."""
+    d = cfg.d_model
+    ids = tokens.reshape(-1) - plan.v0
+    mine = (ids >= 0) & (ids < plan.v1 - plan.v0)
+    table = np.zeros((plan.v1 - plan.v0, d), dtype=dx.dtype) if dtok is None else dtok.copy()
+    np.add.at(table, ids[mine], dx.reshape(-1, d)[mine])  # [V/N, d]; repeated ids add up
+    grads = {"tok_emb": table}
+    if cfg.pos == "learned":
+        dpos = np.zeros((cfg.max_seq, d), dtype=dx.dtype)
+        dpos[:dx.shape[1]] = dx.sum(axis=0)
+        grads["pos_emb"] = dpos
+    return grads
+
+
+def _sum_shared_kv_grads(grads, cfg: Config, comm):
+    """A K/V group kept by several ranks got from each only its heads' part: every rank
+    places its parts in the whole arrays (zeros elsewhere), one all-reduce sums them all,
+    and each rank keeps its slices back."""
+    cuts, whole = tp_slices(cfg, comm.rank, comm.size)["blocks"], param_shapes(cfg)["blocks"]
+    keys = [k for k in ("wk", "wv", "bk", "bv") if k in whole[0]["attn"]]
+    placed = []
+    for g, cut, shapes in zip(grads["blocks"], cuts, whole):
+        for k in keys:
+            full = np.zeros(shapes["attn"][k], dtype=cfg.dtype)  # [d, G*D] or [G*D]
+            full[cut["attn"][k]] = g["attn"][k]
+            placed.append(full)
+    summed = comm.all_reduce(np.concatenate([a.reshape(-1) for a in placed]))
+    ends = np.cumsum([a.size for a in placed])[:-1]
+    parts = iter(zip(np.split(summed, ends), placed))
+    for g, cut in zip(grads["blocks"], cuts):
+        for k in keys:
+            part, full = next(parts)
+            g["attn"][k] = part.reshape(full.shape)[cut["attn"][k]].copy()
