@@ -1,0 +1,98 @@
+"""Pipeline schedules (parallel/pipeline.py), exactly: the events of gpipe and 1f1b, the
+timeline's dependencies, the bubble against (p - 1) / (m + p - 1) for equal stages and by
+hand for unequal ones, the peak in-flight micro-batches per stage, and bad input."""
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from transformer_lab.parallel.pipeline import (bubble, bubble_formula, makespan,
+                                               peak_in_flight, pipeline_schedule,
+                                               pipeline_timeline, stage_layers)
+
+KINDS = st.sampled_from(["gpipe", "1f1b"])
+
+
+def test_the_events_of_each_kind():
+    assert pipeline_schedule(2, 3, "gpipe") == [
+        [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]] * 2
+    assert pipeline_schedule(3, 4, "1f1b") == [
+        [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)],
+        [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)],
+        [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]]
+    # fewer micro-batches than the pipe is deep: the warm-up is all of them
+    assert pipeline_schedule(4, 2, "1f1b")[0] == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+
+
+@settings(max_examples=40)
+@given(p=st.integers(1, 6), m=st.integers(1, 12), kind=KINDS)
+def test_every_timeline_respects_its_dependencies(p, m, kind):
+    schedule = pipeline_schedule(p, m, kind)
+    timeline = pipeline_timeline(schedule, forward=[1 + s for s in range(p)], backward=2)
+    end = {(k, s, i): e for s, events in enumerate(timeline) for k, i, _, e in events}
+    for s, events in enumerate(timeline):
+        assert sorted((k, i) for k, i, _, _ in events) == sorted(schedule[s])
+        assert [(k, i) for k, i, _, _ in events] == schedule[s]  # in the schedule's order
+        for (k, i, start, stop), later in zip(events, events[1:]):
+            assert stop <= later[2]  # one event at a time
+        for k, i, start, _ in events:
+            if k == "F" and s > 0:
+                assert start >= end[("F", s - 1, i)]
+            if k == "B":
+                assert start >= end[("F", s, i)]
+                if s < p - 1:
+                    assert start >= end[("B", s + 1, i)]
+
+
+@settings(max_examples=40)
+@given(p=st.integers(1, 6), m=st.integers(1, 40), kind=KINDS)
+def test_the_bubble_of_equal_stages_is_the_formula(p, m, kind):
+    timeline = pipeline_timeline(pipeline_schedule(p, m, kind))
+    assert bubble(timeline) == bubble_formula(p, m) == (p - 1) / (m + p - 1)
+    assert makespan(timeline) == 2 * (m + p - 1)  # unit forward and backward
+
+
+def test_the_lecture_figures():
+    for kind in ("gpipe", "1f1b"):
+        assert round(100 * bubble(pipeline_timeline(pipeline_schedule(4, 8, kind))), 1) == 27.3
+        assert round(100 * bubble(pipeline_timeline(pipeline_schedule(4, 32, kind))), 1) == 8.6
+        # backward twice the forward, as it costs: the same share
+        assert bubble(pipeline_timeline(pipeline_schedule(4, 8, kind), 1, 2)) == 3 / 11
+
+
+def test_unequal_stages_by_hand():
+    # stage 1 twice as slow: stage 0 runs F0 [0,1] F1 [1,2], then waits for stage 1's
+    # F0 [1,3] F1 [3,5] B0 [5,7] B1 [7,9]; its own B0 [7,8], B1 [9,10]. Busy 4 + 8 of 2 x 10.
+    timeline = pipeline_timeline(pipeline_schedule(2, 2, "gpipe"), [1, 2], [1, 2])
+    assert timeline == [[("F", 0, 0, 1), ("F", 1, 1, 2), ("B", 0, 7, 8), ("B", 1, 9, 10)],
+                        [("F", 0, 1, 3), ("F", 1, 3, 5), ("B", 0, 5, 7), ("B", 1, 7, 9)]]
+    assert bubble(timeline) == 0.4 > bubble_formula(2, 2)
+
+
+@settings(max_examples=30)
+@given(p=st.integers(1, 6), m=st.integers(1, 12))
+def test_peak_in_flight(p, m):
+    assert peak_in_flight(pipeline_schedule(p, m, "gpipe")) == [m] * p
+    assert peak_in_flight(pipeline_schedule(p, m, "1f1b")) == [min(p - s, m) for s in range(p)]
+
+
+def test_stage_layers():
+    assert stage_layers(5, 2) == [(0, 3), (3, 5)]
+    assert stage_layers(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="5 stages are more than the 4 layers"):
+        pipeline_schedule(5, 8, "1f1b", n_layers=4)
+    with pytest.raises(ValueError, match="5 stages are more than the 4 layers"):
+        stage_layers(4, 5)
+    with pytest.raises(ValueError, match="micro_batches must be"):
+        pipeline_schedule(2, 0, "gpipe")
+    with pytest.raises(ValueError, match="stages must be"):
+        pipeline_schedule(0, 4, "gpipe")
+    with pytest.raises(ValueError, match="kind must be one of gpipe, 1f1b, got 'zb'"):
+        pipeline_schedule(2, 4, "zb")
+    with pytest.raises(ValueError, match="forward must be a positive number or 2 of them"):
+        pipeline_timeline(pipeline_schedule(2, 4, "gpipe"), forward=[1, 2, 3])
+    with pytest.raises(ValueError, match="backward must be a positive number"):
+        pipeline_timeline(pipeline_schedule(2, 4, "gpipe"), backward=0)
+    with pytest.raises(ValueError, match="waits on itself"):
+        pipeline_timeline([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
