@@ -89,6 +89,12 @@ def test_bad_sizes_and_shards():
         tp_shard(init_params(wide), wide, 0, 4)
     with pytest.raises(ValueError, match="tensor-parallel rank must be"):
         tp_shard(params, TINY, 2, 2)
+    with pytest.raises(ValueError, match="attention='mla' is not supported"):
+        tensor.tp_slices(TINY.replace(attention="mla", n_kv_heads=None, kv_lora_rank=8,
+                                      qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=8),
+                         0, 2)
+    with pytest.raises(ValueError, match="mixture-of-experts config"):
+        tensor.tp_slices(TINY.replace(n_experts=4, experts_per_token=2), 0, 2)
     tokens = np.zeros((1, 4), dtype=np.int64)
     with pytest.raises(ValueError, match=r"shard tok_emb has shape \(32, 32\), rank \d of 4 "
                                          r"holds \(16, 32\)"):
