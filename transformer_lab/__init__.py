@@ -16,6 +16,7 @@ from .acts import ActivationRecord
 from .cache import CacheProtocol, KVCache, MLAKVCache
 from .streaming_cache import StreamingCache, StreamingCacheReference
 from .mla import mla_attention, mla_attention_absorbed, mla_attention_naive
+from .moe import moe_forward, moe_reference, route
 from .model import check_tokens, forward, loss
 from .generation import generate, generate_stream, sample_next
 # pretrained: GGUF files, the tokenizer, the .npz model file
@@ -45,6 +46,7 @@ __all__ = [
     "flash_attention", "flash_attention_backward", "merge_attention", "flash_io", "flash_tiles",
     "flash_blocks",
     "mla_attention", "mla_attention_naive", "mla_attention_absorbed",
+    "moe_forward", "moe_reference", "route",
     "softmax", "log_softmax", "layer_norm", "rms_norm", "erf", "gelu", "gelu_tanh", "silu",
     "sinusoidal_pe", "rope_angles", "apply_rope", "cross_entropy",
     "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",

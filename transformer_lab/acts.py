@@ -36,11 +36,17 @@ LAYER_FIELDS = {
     "mlp.up": "[B, T, d_ff]",
     "mlp.gate": "[B, T, d_ff] SwiGLU only",
     "mlp.hidden": "[B, T, d_ff] what w_down reads",
+    "moe.router_logits": "[B, T, n_experts] x @ router on mlp_in (MoE layers)",
+    "moe.experts": "[B, T, experts_per_token] int, the experts each token chose, best first "
+                   "(MoE layers)",
+    "moe.weights": "[B, T, experts_per_token] the chosen experts' weights (MoE layers)",
     "resid_post": "[B, T, d] the stream leaving the block",
 }
 
 # Recorded only by MLA layers (attention="mla"); attn.q_a and attn.c_q only with q_lora_rank.
 MLA_FIELDS = ("attn.q_a", "attn.c_q", "attn.kv_a", "attn.c_kv", "attn.k_rope")
+# Recorded only by mixture-of-experts layers (config.is_moe_layer), which record no mlp.*.
+MOE_LAYER_FIELDS = ("moe.router_logits", "moe.experts", "moe.weights")
 
 
 def layer_name(layer: int, field: str) -> str:
@@ -86,6 +92,7 @@ class ActivationRecord(dict):
         check_name(name)
         raise KeyError(f"{name!r} was not recorded by this forward pass (attn.pattern needs "
                        f"patterns=True; mlp_in and mlp.* need an MLP; mlp.gate needs SwiGLU; "
+                       f"a mixture-of-experts layer records moe.* instead of mlp.*; "
                        f"attn.q_a, .c_q, .kv_a, .c_kv and .k_rope need attention='mla', the "
                        f"first two with q_lora_rank, and MLA records attn.k and .v only "
                        f"when it ran the naive form)")

@@ -12,6 +12,7 @@ from .acts import record, wants_patterns
 from .attention import attention_core, attention_weights
 from .cache import CacheProtocol
 from .config import Config
+from .moe import moe_forward
 from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu
 from .params import PACKED_MODULES_BY_KEYS, PackedGroup, check_params
 from .positions import apply_rope, rope_at, sinusoidal_pe
@@ -158,7 +159,8 @@ def mlp(x, m, cfg: Config, *, acts=None, layer=0, lora=None):
 
 def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, acts=None,
           lora=None):
-    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x)) unless mlp="none"."""
+    """Pre-norm residual block: x += attn(norm(x)); x += mlp(norm(x)) unless mlp="none",
+    the MLP a mixture of experts in the layers the config says (cfg.is_moe_layer)."""
     attn_in = norm(x, p["attn_norm"], cfg)
     mid = x + attention_block(attn_in, p["attn"], cfg, rope=rope, causal=causal, cache=cache,
                               layer=layer, acts=acts, lora=lora)
@@ -166,7 +168,10 @@ def block(x, p, cfg: Config, *, rope=None, causal=True, cache=None, layer=0, act
         mlp_in, out = None, mid
     else:
         mlp_in = norm(mid, p["mlp_norm"], cfg)
-        out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer, lora=lora)
+        if cfg.is_moe_layer(layer):
+            out = mid + moe_forward(mlp_in, p["moe"], cfg, acts=acts, layer=layer)
+        else:
+            out = mid + mlp(mlp_in, p["mlp"], cfg, acts=acts, layer=layer, lora=lora)
     if acts is not None:
         record(acts, layer, {"resid_pre": x, "attn_in": attn_in, "resid_mid": mid,
                              "resid_post": out})
@@ -213,7 +218,8 @@ def forward(params, cfg: Config, tokens, causal=True, use_rope=None, cache=None,
     With `acts` an ActivationRecord (or a plain dict), forward also records what it
     computed, under the names declared in acts.py: "embed"; per layer
     "blocks[i].resid_pre", ".attn_in", ".attn.q", ".attn.k", ".attn.v", ".attn.out",
-    ".resid_mid", ".mlp_in", ".mlp.up", ".mlp.gate", ".mlp.hidden", ".resid_post";
+    ".resid_mid", ".mlp_in", ".mlp.up", ".mlp.gate", ".mlp.hidden" (in a MoE layer
+    ".moe.router_logits", ".moe.experts", ".moe.weights"), ".resid_post";
     then "final_norm" and "logits". ActivationRecord(patterns=True) (or {"patterns":
     True}) also keeps the softmax weights "blocks[i].attn.pattern" [B,H,T,S], which
     cost one more pass over the scores. Without acts nothing extra is computed or kept.

@@ -173,11 +173,12 @@ def test_attention_core_agrees_with_the_readable_reference(H, G, offset, causal)
 # ------------------------------------------------------------------ the declared record
 
 def test_forward_records_exactly_the_declared_names():
-    from transformer_lab.acts import LAYER_FIELDS, MLA_FIELDS, MODEL_FIELDS, ActivationRecord
+    from transformer_lab.acts import (LAYER_FIELDS, MLA_FIELDS, MODEL_FIELDS, MOE_LAYER_FIELDS,
+                                      ActivationRecord)
     cfg = TINY
     acts = ActivationRecord(patterns=True)
     forward(init_params(cfg, seed=1), cfg, np.array([[1, 2, 3]]), acts=acts)
-    fields = set(LAYER_FIELDS) - set(MLA_FIELDS)
+    fields = set(LAYER_FIELDS) - set(MLA_FIELDS) - set(MOE_LAYER_FIELDS)
     want = set(MODEL_FIELDS) | {f"blocks[{i}].{f}" for i in range(cfg.n_layers) for f in fields}
     assert set(acts) == want  # a SwiGLU model with patterns asked for records every name but MLA's
 
