@@ -3,8 +3,8 @@ transformers (AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)) gives ou
 and llama.cpp (the xllamacpp wheel) generates our greedy tokens; for a q8_0 file, llama.cpp's
 greedy agreement and perplexity are reported beside ours on the same text.
 
-Test-only oracles: run with /work/torchvenv/bin/python (torch, transformers, accelerate,
-xllamacpp); elsewhere each test skips with the reason.
+Test-only oracles, in a venv of their own (pip install torch transformers accelerate
+xllamacpp beside the project); elsewhere each test skips with the reason.
 """
 import importlib.util
 import os
@@ -31,8 +31,8 @@ FINETUNED = Path(os.environ.get("TRANSFORMER_LAB_FINETUNED", "runs/json/model.np
 
 
 def hf():
-    torch = pytest.importorskip("torch", reason="HF's loader needs torch (/work/torchvenv)")
-    transformers = pytest.importorskip("transformers", reason="needs HF transformers (/work/torchvenv)")
+    torch = pytest.importorskip("torch", reason="HF's loader needs torch (test-only: pip install torch)")
+    transformers = pytest.importorskip("transformers", reason="needs HF transformers (test-only: pip install transformers)")
     pytest.importorskip("accelerate", reason="HF loads GGUF files only with accelerate installed")
     return torch, transformers
 
@@ -47,7 +47,7 @@ def hf_logits(path, ids):
 
 def needs_llama_cpp():
     return pytest.importorskip("xllamacpp", reason="needs llama.cpp's xllamacpp wheel "
-                                                   "(/work/torchvenv)")
+                                                   "(test-only: pip install xllamacpp)")
 
 
 def llama_cpp(path, prompts, n, n_ctx=512):
@@ -118,7 +118,7 @@ def test_llama_cpp_generates_our_greedy_tokens(tmp_path, tok):
 @pytest.fixture(scope="module")
 def smollm2_f32(tmp_path_factory, smollm2):
     if not any(importlib.util.find_spec(m) for m in ("transformers", "xllamacpp")):
-        pytest.skip("needs HF transformers or llama.cpp's xllamacpp (/work/torchvenv)")
+        pytest.skip("needs HF transformers or llama.cpp's xllamacpp (test-only)")
     cfg, params, tok = smollm2
     return save_gguf(tmp_path_factory.mktemp("smollm2") / "smollm2-f32.gguf", params, cfg, tok)
 

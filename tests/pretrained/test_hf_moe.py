@@ -8,7 +8,7 @@ as tests/snapshots/make_snapshots.py does for DeepSeek-V3's MLA.
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is a test-only oracle (/work/torchvenv)")
+torch = pytest.importorskip("torch", reason="torch is a test-only oracle: pip install torch transformers")
 transformers = pytest.importorskip("transformers", reason="HF transformers is a test-only oracle")
 
 import torch.nn.functional as F  # noqa: E402
