@@ -69,6 +69,9 @@ class Config:
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
     q_lora_rank: int | None = None
+    # Qwen3's QK-norm: each head's query and key RMS-normed over head_dim (a gain of
+    # [head_dim] each, shared by the heads) before RoPE. Not with MLA.
+    qk_norm: bool = False
     # Mixture of experts (moe.py), on when n_experts >= 1; every other field below then
     # applies, and with n_experts = 0 (dense) each must keep its default.
     # n_experts routed experts, experts_per_token (k) of them chosen per token, each a
@@ -120,7 +123,11 @@ class Config:
         for name in ("rope_base", "norm_eps"):
             object.__setattr__(self, name, check_number(getattr(self, name), f"Config.{name}",
                                                         low=0, low_open=True))
-        for name in ("bias", "tie_embeddings"):
+        if self.qk_norm and (self.attention == "mla" or self.norm != "rms"):
+            raise ValueError(f"Config.qk_norm is Qwen3's RMSNorm of each query and key head; "
+                             f"it needs norm='rms' and attention other than 'mla' (got "
+                             f"norm={self.norm!r}, attention={self.attention!r})")
+        for name in ("bias", "tie_embeddings", "qk_norm"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))

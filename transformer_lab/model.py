@@ -100,6 +100,9 @@ def attention_block(x, a, cfg: Config, *, rope=None, causal=True, cache=None, la
     q = q.reshape(B, T, H, D)  # [B, T, H, D]
     k = k.reshape(B, T, G, D)  # [B, T, G, D]
     v = v.reshape(B, T, G, D)  # [B, T, G, D]
+    if cfg.qk_norm:  # Qwen3: each head's query and key RMS-normed before RoPE
+        q = rms_norm(q, a["q_head_norm"]["weight"], cfg.norm_eps)
+        k = rms_norm(k, a["k_head_norm"]["weight"], cfg.norm_eps)
     if rope is not None:  # q and k are this layer's own fresh arrays: rotated in place
         # A StreamingCache keeps its keys unrotated and turns them by their slot, which
         # moves as tokens leave (cache.py); every other cache stores them rotated.

@@ -36,6 +36,8 @@ def _layout(cfg: Config) -> dict:
     attn = _mla_layout(cfg) if cfg.attention == "mla" else {
         "wq": ((d, H * D), NORMAL), "wk": ((d, G * D), NORMAL), "wv": ((d, G * D), NORMAL),
         "wo": ((H * D, d), RESIDUAL)}
+    if cfg.qk_norm:  # Qwen3: RMSNorm of each head's query and key, one gain for all heads
+        attn.update(q_head_norm={"weight": ((D,), ONES)}, k_head_norm={"weight": ((D,), ONES)})
     mlp = {"w_up": ((d, F), NORMAL), "w_down": ((F, d), RESIDUAL)}
     if cfg.mlp == "swiglu":
         mlp["w_gate"] = ((d, F), NORMAL)

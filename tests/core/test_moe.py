@@ -155,3 +155,10 @@ def test_training_a_mixture_of_experts_is_refused_clearly():
     tokens = np.zeros((1, 4), dtype=int)
     with pytest.raises(ValueError, match="mixture of experts .* has no backward yet"):
         loss_and_grads(params, cfg, tokens, tokens)
+
+
+def test_a_gguf_file_of_a_mixture_of_experts_is_refused_clearly(tmp_path):
+    from transformer_lab import save_gguf
+    cfg, params = moe_model("mixtral")
+    with pytest.raises(ValueError, match="GGUF's llama architecture needs n_experts=0"):
+        save_gguf(tmp_path / "m.gguf", params, cfg, tokenizer=None)

@@ -62,7 +62,8 @@ def check_llama(cfg: Config):
     """ValueError naming what makes cfg something llama's GGUF cannot describe."""
     if not isinstance(cfg, Config):
         raise ValueError(f"cfg must be a Config, got {type(cfg).__name__}")
-    wanted = {"norm": "rms", "mlp": "swiglu", "pos": "rope", "bias": False, "attention": "gqa"}
+    wanted = {"norm": "rms", "mlp": "swiglu", "pos": "rope", "bias": False, "attention": "gqa",
+              "qk_norm": False, "n_experts": 0}
     for field, value in wanted.items():
         if getattr(cfg, field) != value:
             raise ValueError(f"GGUF's llama architecture needs {field}={value!r}; this model has "

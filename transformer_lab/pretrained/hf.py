@@ -1,6 +1,6 @@
 """HF transformers checkpoints in the lab's layout: the config and the weights, converted once.
 
-config_from_hf reads a config.json dict (llama, mixtral, qwen2_moe, deepseek_v3) into a
+config_from_hf reads a config.json dict (llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3) into a
 Config; params_from_hf turns a state dict {HF name: array} into params. Everything the
 layouts differ in is converted here, in one place:
 
@@ -8,7 +8,8 @@ layouts differ in is converted here, in one place:
 - RoPE: HF's Llama-style models rotate channel i of a head with channel i + D/2
   (rotate_half); the lab rotates the interleaved pairs (2i, 2i+1), as GGUF does. Each
   head's Q and K rows are reordered so HF's channel i lands on 2i and i + D/2 on 2i + 1:
-  the same rotations of the same pairs, so q.k, and the logits, are unchanged. DeepSeek-V3
+  the same rotations of the same pairs, so q.k, and the logits, are unchanged (Qwen3's
+  per-head q_norm and k_norm gains are reordered alike). DeepSeek-V3
   with rope_interleave (its config's default) already rotates interleaved pairs.
 - Experts: transformers 5 fuses them (gate_up_proj [E, 2I, d], down_proj [E, d, I]);
   older checkpoints hold one tensor per expert (experts.{e}.gate_proj, or Mixtral's
@@ -24,7 +25,7 @@ import numpy as np
 from ..config import Config
 from ..params import check_params, map_params, param_shapes
 
-ARCHITECTURES = ("llama", "mixtral", "qwen2_moe", "deepseek_v3")
+ARCHITECTURES = ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 
 def _rope_base(hf: dict) -> float:
@@ -43,6 +44,15 @@ def _refuse(hf: dict, checks):
     for key, bad, why in checks:
         if key in hf and bad(hf[key]):
             raise ValueError(f"config.json: {key}={hf[key]!r} is not supported ({why})")
+
+
+def _first(hf: dict, *keys):
+    """The value of the first of keys that config.json has (transformers renames some
+    between versions: Qwen's num_experts is num_local_experts in 5); ValueError if none."""
+    for key in keys:
+        if hf.get(key) is not None:
+            return hf[key]
+    raise ValueError(f"config.json has no {' or '.join(keys)}")
 
 
 def config_from_hf(hf: dict, dtype=np.float32) -> Config:
@@ -74,14 +84,20 @@ def config_from_hf(hf: dict, dtype=np.float32) -> Config:
                   rope_base=_rope_base(hf), tie_embeddings=bool(hf.get("tie_word_embeddings")),
                   norm="rms", mlp="swiglu", pos="rope", bias=False, dtype=dtype)
     if arch == "mixtral":
-        fields.update(n_experts=hf["num_local_experts"],
+        fields.update(n_experts=_first(hf, "num_local_experts", "num_experts"),
                       experts_per_token=hf["num_experts_per_tok"], norm_topk_prob=True)
+    elif arch == "qwen3_moe":  # Qwen2-MoE's router without the shared expert, and QK-norm
+        fields.update(n_experts=_first(hf, "num_experts", "num_local_experts"),
+                      experts_per_token=hf["num_experts_per_tok"],
+                      moe_d_ff=hf["moe_intermediate_size"], qk_norm=True,
+                      norm_topk_prob=bool(hf["norm_topk_prob"]))
     elif arch == "qwen2_moe":
         moe_d_ff, shared = hf["moe_intermediate_size"], hf["shared_expert_intermediate_size"]
         if shared % moe_d_ff:
             raise ValueError(f"config.json: shared_expert_intermediate_size ({shared}) must be a "
                              f"multiple of moe_intermediate_size ({moe_d_ff})")
-        fields.update(n_experts=hf["num_experts"], experts_per_token=hf["num_experts_per_tok"],
+        fields.update(n_experts=_first(hf, "num_experts", "num_local_experts"),
+                      experts_per_token=hf["num_experts_per_tok"],
                       moe_d_ff=moe_d_ff, n_shared_experts=shared // moe_d_ff,
                       shared_expert_gate=True, norm_topk_prob=bool(hf["norm_topk_prob"]))
     elif arch == "deepseek_v3":
@@ -90,7 +106,8 @@ def config_from_hf(hf: dict, dtype=np.float32) -> Config:
                       q_lora_rank=hf.get("q_lora_rank"),
                       qk_nope_head_dim=hf["qk_nope_head_dim"],
                       qk_rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"],
-                      n_experts=hf["n_routed_experts"], experts_per_token=hf["num_experts_per_tok"],
+                      n_experts=_first(hf, "n_routed_experts", "num_local_experts"),
+                      experts_per_token=hf["num_experts_per_tok"],
                       moe_d_ff=hf["moe_intermediate_size"],
                       n_shared_experts=hf.get("n_shared_experts") or 0, router="sigmoid",
                       norm_topk_prob=bool(hf["norm_topk_prob"]),
@@ -105,8 +122,12 @@ def interleave_rope_rows(w, n_heads):
     """HF's [heads * D, in] Q or K weight with each head's rows reordered from rotate_half's
     pairs (i, i + D/2) to the interleaved pairs (2i, 2i + 1)."""
     D = w.shape[0] // n_heads
-    order = np.arange(D).reshape(2, D // 2).T.reshape(-1)  # 0, D/2, 1, D/2 + 1, ...
-    return w.reshape(n_heads, D, -1)[:, order].reshape(w.shape)
+    return w.reshape(n_heads, D, -1)[:, _interleaved(D)].reshape(w.shape)
+
+
+def _interleaved(D):
+    """The HF channel each of the lab's D channels reads: 0, D/2, 1, D/2 + 1, ..."""
+    return np.arange(D).reshape(2, D // 2).T.reshape(-1)
 
 
 class _Reader:
@@ -172,6 +193,9 @@ def _block(read, cfg: Config, i, shapes):
                      "wk": interleave_rope_rows(read.take(attn + "k_proj.weight", (G * D, d)), G).T,
                      "wv": read.linear(attn + "v_proj.weight", d, G * D),
                      "wo": read.linear(attn + "o_proj.weight", H * D, d)}
+        if cfg.qk_norm:  # a gain per channel: reordered as the rows it scales
+            for key, name in (("q_head_norm", "q_norm.weight"), ("k_head_norm", "k_norm.weight")):
+                p["attn"][key] = {"weight": read.take(attn + name, (D,))[_interleaved(D)]}
     if cfg.is_moe_layer(i):
         p["moe"] = _moe(read, cfg, hf)
     else:

@@ -76,6 +76,9 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     if cfg.n_experts:
         raise ValueError(f"loss_and_grads: a mixture of experts (n_experts={cfg.n_experts}) "
                          f"has no backward yet; forward runs it")
+    if cfg.qk_norm:
+        raise ValueError("loss_and_grads: qk_norm (Qwen3's per-head QK-norm) has no backward "
+                         "yet; forward runs it")
     check_number(loss_scale, "loss_and_grads: loss_scale", low=0, low_open=True)
     check_params(params, cfg)
     tokens = check_tokens(tokens, cfg)
