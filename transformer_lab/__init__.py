@@ -22,6 +22,7 @@ from .generation import generate, generate_stream, sample_next
 # pretrained: GGUF files, the tokenizer, the .npz model file
 from .pretrained.gguf import find_model, load_gguf
 from .pretrained.gguf_write import save_gguf
+from .pretrained.hf import load_hf
 from .pretrained.tokenizer import BPETokenizer
 from .pretrained.model_file import load_checkpoint, save_checkpoint
 # training: the backward, LoRA, the optimiser, the one step, the tasks
@@ -51,7 +52,7 @@ __all__ = [
     "sinusoidal_pe", "rope_angles", "apply_rope", "cross_entropy",
     "layer_norm_backward", "rms_norm_backward", "gelu_backward", "gelu_tanh_backward", "silu_backward",
     "apply_rope_backward", "attention_core_backward", "cross_entropy_backward",
-    "load_gguf", "save_gguf", "find_model", "BPETokenizer", "quantize_model", "fake_quant", "awq_scales",
+    "load_gguf", "save_gguf", "load_hf", "find_model", "BPETokenizer", "quantize_model", "fake_quant", "awq_scales",
     "AdamW", "LoRA", "clip_grad_norm", "cosine_lr", "train_step", "save_checkpoint", "load_checkpoint",
     "TASKS", "Task", "get_task",
     "round_to", "format_info", "DynamicLossScaler",

@@ -212,3 +212,40 @@ def test_what_the_lab_does_not_compute_is_refused_by_name(monkeypatch):
     del state["model.layers.2.mlp.gate.weight"]
     with pytest.raises(ValueError, match="missing model.layers.2.mlp.gate.weight"):
         params_from_hf(state, cfg)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"])
+def test_load_hf_reads_what_save_pretrained_writes(name, monkeypatch, tmp_path):
+    """save_pretrained writes one tensor per expert (Mixtral's block_sparse_moe.experts.{e}.w1,
+    w3, w2; the others' experts.{e}.gate_proj, ...), not the fused form the model holds."""
+    from transformer_lab import load_hf
+    model = hf_model(name, monkeypatch)
+    model.save_pretrained(tmp_path)
+    tokens = np.random.default_rng(8).integers(0, SMALL["vocab_size"], size=(2, 9))
+    want, _ = hf_run(model, tokens)
+    cfg, params = load_hf(tmp_path, dtype=np.float64)
+    np.testing.assert_allclose(forward(params, cfg, tokens), want, rtol=0, atol=1e-10)
+    cfg32, params32 = load_hf(tmp_path)
+    assert cfg32.dtype == np.float32
+    np.testing.assert_allclose(forward(params32, cfg32, tokens), want, rtol=0, atol=1e-4)
+
+
+def test_bf16_tensors_read_by_hand_equal_torchs(tmp_path):
+    from safetensors.torch import save_file
+
+    from transformer_lab.pretrained.safetensors_file import read_safetensors
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    save_file({"x": x}, str(tmp_path / "b.safetensors"))
+    got, _ = read_safetensors(tmp_path / "b.safetensors")
+    np.testing.assert_array_equal(got["x"], x.float().numpy())
+
+
+def test_load_hf_names_what_is_missing(tmp_path, monkeypatch):
+    from transformer_lab import load_hf
+    with pytest.raises(FileNotFoundError, match="no config.json in"):
+        load_hf(tmp_path)
+    hf_model("mixtral", monkeypatch).save_pretrained(tmp_path)
+    for file in tmp_path.glob("*.safetensors"):
+        file.unlink()
+    with pytest.raises(ValueError, match="no .safetensors file in"):
+        load_hf(tmp_path)

@@ -1,5 +1,7 @@
 """HF transformers checkpoints in the lab's layout: the config and the weights, converted once.
 
+load_hf(path) reads a directory as save_pretrained writes it (config.json and *.safetensors,
+the tensors read by hand in safetensors_file.py) and returns (cfg, params).
 config_from_hf reads a config.json dict (llama, mixtral, qwen2_moe, qwen3_moe, deepseek_v3) into a
 Config; params_from_hf turns a state dict {HF name: array} into params. Everything the
 layouts differ in is converted here, in one place:
@@ -20,12 +22,42 @@ ValueError naming it, never dropped in silence.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
-from ..config import Config
-from ..params import check_params, map_params, param_shapes
+from ..config import Config, check_dtype
+from ..params import check_params, map_params, pack_weights, param_shapes
+from .safetensors_file import read_safetensors
 
 ARCHITECTURES = ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
+
+
+def load_hf(path, dtype=np.float32):
+    """(cfg, params) from an HF checkpoint directory: config.json and its *.safetensors
+    (one file or shards). The params are packed (params.pack_weights), as load_gguf's are.
+    No config.json is a FileNotFoundError naming it; every other problem a ValueError."""
+    dtype = check_dtype(dtype, "load_hf: dtype")
+    path = Path(path)
+    config = path / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"load_hf: no config.json in {path}")
+    try:
+        hf = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"load_hf: {config} is not JSON ({err})") from None
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"load_hf: no .safetensors file in {path}")
+    state = {}
+    for file in files:
+        tensors, _ = read_safetensors(file)
+        for name in tensors.keys() & state.keys():
+            raise ValueError(f"load_hf: tensor {name} is in more than one file ({file.name})")
+        state.update(tensors)
+    cfg = config_from_hf(hf, dtype)
+    return cfg, pack_weights(params_from_hf(state, cfg), cfg)
 
 
 def _rope_base(hf: dict) -> float:
