@@ -63,6 +63,7 @@ def deepseek_router_forward(self, hidden_states):
 
 
 MODELS = {  # name -> (module, prefix of its classes, config fields, the router's forward)
+    "llama": ("llama", "Llama", dict(), None),  # dense: the RoPE reordering alone
     "mixtral": ("mixtral", "Mixtral", dict(num_local_experts=8, num_experts_per_tok=2,
                                            sliding_window=None), softmax_router_forward),
     "qwen2_moe": ("qwen2_moe", "Qwen2Moe", dict(
@@ -92,9 +93,10 @@ def hf_model(name, monkeypatch, seed=0):
     hf = getattr(module, f"modeling_{module_name}")
     monkeypatch.setattr(getattr(hf, f"{prefix}RMSNorm"), "forward", rms_forward)
     monkeypatch.setattr(getattr(hf, f"{prefix}RotaryEmbedding"), "forward", rope_forward)
-    router = next(getattr(hf, c) for c in (f"{prefix}TopKRouter", f"{prefix}TopkRouter")
-                  if hasattr(hf, c))
-    monkeypatch.setattr(router, "forward", router_forward)
+    if router_forward is not None:
+        router = next(getattr(hf, c) for c in (f"{prefix}TopKRouter", f"{prefix}TopkRouter")
+                      if hasattr(hf, c))
+        monkeypatch.setattr(router, "forward", router_forward)
     config = getattr(transformers, f"{prefix}Config")(**{**SMALL, **fields})
     config._experts_implementation = "eager"  # the loop over experts, in float64
     torch.manual_seed(seed)
@@ -116,7 +118,8 @@ def hf_run(model, tokens):
     chosen = {}
     hooks = [layer.mlp.gate.register_forward_hook(
         lambda mod, inp, out, i=i: chosen.__setitem__(i, out[2].numpy()))
-        for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
+        for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")
+        and not hasattr(layer.mlp, "gate_proj")]
     with torch.no_grad():
         logits = model(torch.as_tensor(tokens)).logits.numpy()
     for hook in hooks:
