@@ -1,6 +1,6 @@
 """Run under mpiexec by tests/parallel/test_tensor.py: tensor parallel over MPI processes,
 the logits equal one process's and two all-reduces per block, the grads their slices of
-one process's."""
+one process's, and the same with sequence parallel."""
 import numpy as np
 
 from transformer_lab import TINY, TINY_GPT2, forward, init_params
@@ -25,5 +25,13 @@ for cfg in (TINY, TINY.replace(n_kv_heads=1), TINY_GPT2):
     assert abs(tp_loss - loss) < 1e-12, (tp_loss, loss)
     whole, cuts = dict(named_params(grads)), dict(named_params(tp_slices(cfg, c.rank, c.size)))
     for name, g in named_params(tp_grads):
+        np.testing.assert_allclose(g, whole[name][cuts[name]], rtol=0, atol=1e-10, err_msg=name)
+    sp_logits = tp_forward(tp_shard(params, cfg, c.rank, c.size), cfg, tokens, c,
+                           sequence_parallel=True)  # the stream cut along the sequence
+    np.testing.assert_allclose(sp_logits, logits, rtol=0, atol=1e-12)
+    sp_loss, sp_grads = tp_loss_and_grads(tp_shard(params, cfg, c.rank, c.size), cfg, tokens,
+                                          targets, c, sequence_parallel=True)
+    assert abs(sp_loss - loss) < 1e-12, (sp_loss, loss)
+    for name, g in named_params(sp_grads):
         np.testing.assert_allclose(g, whole[name][cuts[name]], rtol=0, atol=1e-10, err_msg=name)
 print(f"rank {c.rank}: tensor parallel ok", flush=True)

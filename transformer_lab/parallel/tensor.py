@@ -21,6 +21,16 @@ an all-reduce backward (each rank's input gradient is partial); g, after a row-p
 product, is an all-reduce forward and the identity backward. So a block's backward also
 does two all-reduces, each of B*T*d numbers, and the replicated params' grads come out
 whole and equal on every rank.
+
+Sequence parallel (Korthikanti et al., arXiv 2205.05198; sequence_parallel=True): between
+the products the stream [B, T, d] is cut along the sequence, rank r holding the positions
+np.array_split gives it, so the norms, residual adds and the activations saved for the
+backward are 1/N each. The all-reduce after a row-parallel product becomes its first half,
+a reduce-scatter onto the sequence shards, and its second half, an all-gather, moves in
+front of the next column-parallel product: the same bytes. In the backward they trade
+places (an all-gather's gradient is a reduce-scatter), the saved shard of each product's
+input is gathered again, and the norms' grads, summed over a shard's positions only, are
+all-reduced at the end.
 """
 from __future__ import annotations
 
@@ -134,7 +144,7 @@ def _attention(h, a, cfg: Config, plan, rope, saved):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     k, v = k[:, :, plan.group_of], v[:, :, plan.group_of]  # [B, T, H/N, D]: each head's group
     out = attention_core(q, k, v)  # [B, T, H/N * D]
-    saved.update(attn_in=h, q=q, k=k, v=v, out=out)
+    saved.update(q=q, k=k, v=v, out=out)
     return matmul_rows(out, a["wo"])  # [B, T, d], wo's rows of these heads
 
 
@@ -146,7 +156,7 @@ def _mlp(h, m, cfg: Config, saved):
         hidden = silu(gate) * up
     else:
         hidden = gelu(up) if cfg.mlp == "gelu" else gelu_tanh(up)
-    saved.update(mlp_in=h, up=up, hidden=hidden)
+    saved.update(up=up, hidden=hidden)
     return matmul_rows(hidden, m["w_down"])  # [B, T, d]
 
 
@@ -155,33 +165,65 @@ def _plus_bias(y, p, b, cfg):
     return y + p[b] if cfg.bias else y
 
 
-def tp_block(x, p, cfg: Config, comm, plan, rope=None, saved=None):
-    """One block on every rank: x [B, T, d] is whole and equal on each, so is the result."""
+def gather_sequence(a, comm):
+    """Every rank's sequence shard [B, T/N, ...] -> the whole [B, T, ...], in rank order."""
+    return np.ascontiguousarray(np.moveaxis(comm.all_gather(np.moveaxis(a, 1, 0)), 0, 1))
+
+
+def scatter_sequence(a, comm):
+    """Every rank's partial sums [B, T, ...] -> this rank's shard of their sum [B, T/N, ...]."""
+    return np.ascontiguousarray(np.moveaxis(comm.reduce_scatter(np.moveaxis(a, 1, 0)), 0, 1))
+
+
+def _f_and_g(comm, sequence_parallel):
+    """Megatron's f (in front of a column-parallel product) and g (after a row-parallel one),
+    each forward and backward: plain, the identity and an all-reduce; sequence parallel, an
+    all-gather of the shards and a reduce-scatter onto them."""
+    def gather(a):
+        return gather_sequence(a, comm)
+
+    def scatter(a):
+        return scatter_sequence(a, comm)
+
+    def same(a):
+        return a
+    if sequence_parallel:
+        return SimpleNamespace(f=gather, g=scatter, f_back=scatter, g_back=gather)
+    return SimpleNamespace(f=same, g=comm.all_reduce, f_back=comm.all_reduce, g_back=same)
+
+
+def tp_block(x, p, cfg: Config, comm, plan, rope=None, saved=None, sequence_parallel=False):
+    """One block on every rank. x [B, T, d] is whole and equal on each, so is the result; or,
+    sequence parallel, x and the result are this rank's shard [B, T/N, d]."""
+    c = _f_and_g(comm, sequence_parallel)
     saved = {} if saved is None else saved
     saved["resid_pre"] = x
-    h = norm(x, p["attn_norm"], cfg)                                  # f: each rank reads all
-    x = x + _plus_bias(comm.all_reduce(_attention(h, p["attn"], cfg, plan, rope, saved)),
+    saved["attn_in"] = h = norm(x, p["attn_norm"], cfg)  # a shard under sequence parallel
+    x = x + _plus_bias(c.g(_attention(c.f(h), p["attn"], cfg, plan, rope, saved)),
                        p["attn"], "bo", cfg)                          # g: all-reduce 1
     if cfg.mlp != "none":
         saved["resid_mid"] = x
-        h = norm(x, p["mlp_norm"], cfg)                               # f
-        x = x + _plus_bias(comm.all_reduce(_mlp(h, p["mlp"], cfg, saved)),
+        saved["mlp_in"] = h = norm(x, p["mlp_norm"], cfg)
+        x = x + _plus_bias(c.g(_mlp(c.f(h), p["mlp"], cfg, saved)),
                            p["mlp"], "b_down", cfg)                   # g: all-reduce 2
     return x
 
 
-def _embed(shard, cfg: Config, tokens, comm, plan):
+def _embed(shard, cfg: Config, tokens, comm, plan, sequence_parallel=False):
     """Vocabulary-parallel embedding: each rank looks up the ids in its rows, zeros for the
-    rest; the all-reduce adds each id's one row to zeros, so the sum is that row exactly."""
+    rest; the all-reduce (or reduce-scatter) adds each id's one row to zeros, so the sum is
+    that row exactly."""
     local = tokens - plan.v0
     mine = (local >= 0) & (local < plan.v1 - plan.v0)  # [B, T]
     rows = shard["tok_emb"][np.where(mine, local, 0)]  # [B, T, d]
-    x = comm.all_reduce(np.where(mine[..., None], rows, 0).astype(cfg.dtype))
-    T = tokens.shape[1]
+    x = _f_and_g(comm, sequence_parallel).g(np.where(mine[..., None], rows, 0).astype(cfg.dtype))
+    at = np.arange(tokens.shape[1])  # the positions x holds
+    if sequence_parallel:
+        at = np.array_split(at, comm.size)[comm.rank]
     if cfg.pos == "learned":
-        x = x + shard["pos_emb"][:T]
+        x = x + shard["pos_emb"][at]
     elif cfg.pos == "sinusoidal":
-        x = x + sinusoidal_pe(np.arange(T), cfg.d_model).astype(cfg.dtype)
+        x = x + sinusoidal_pe(at, cfg.d_model).astype(cfg.dtype)
     return x
 
 
@@ -195,27 +237,40 @@ def _local_logits(xn, shard, cfg: Config):
     return z + shard["lm_head"]["b"] if cfg.bias else z
 
 
-def _trunk(shard, cfg: Config, tokens, comm, plan, saved=None):
-    """Embedding and blocks: the final stream [B, T, d], whole on every rank."""
+def _trunk(shard, cfg: Config, tokens, comm, plan, saved=None, sequence_parallel=False):
+    """Embedding, blocks and the final norm: the normed stream [B, T, d], whole on every
+    rank (gathered from the shards under sequence parallel), and the stream before it."""
     T = tokens.shape[1]
     rope = rope_at(np.arange(T), cfg.rope_dim, cfg.rope_base, cfg.dtype) \
         if cfg.pos == "rope" else None
-    x = _embed(shard, cfg, tokens, comm, plan)  # [B, T, d]
+    x = _embed(shard, cfg, tokens, comm, plan, sequence_parallel)  # [B, T or T/N, d]
     for i, p in enumerate(shard["blocks"]):
-        x = tp_block(x, p, cfg, comm, plan, rope, None if saved is None else saved[i])
-    return x, rope
+        x = tp_block(x, p, cfg, comm, plan, rope, None if saved is None else saved[i],
+                     sequence_parallel)
+    xn = _f_and_g(comm, sequence_parallel).f(norm(x, shard["final_norm"], cfg))  # [B, T, d]
+    return xn, x, rope
 
 
-def tp_forward(shard, cfg: Config, tokens, comm):
+def tp_forward(shard, cfg: Config, tokens, comm, sequence_parallel=False):
     """The whole logits [B, T, V] on every rank, equal to forward(params, cfg, tokens): the
     vocabulary-parallel logits all-gathered at the end (for the comparison; the loss never
-    gathers them, tp_loss_and_grads)."""
+    gathers them, tp_loss_and_grads). sequence_parallel: the same numbers, the stream
+    between the products cut along the sequence (the module's docstring)."""
     plan = _check_shard(shard, cfg, comm)
     tokens = check_tokens(tokens, cfg)
-    x, _ = _trunk(shard, cfg, tokens, comm, plan)
-    z = _local_logits(norm(x, shard["final_norm"], cfg), shard, cfg)  # [B, T, V/N]
+    xn, _, _ = _trunk(shard, cfg, tokens, comm, plan, sequence_parallel=sequence_parallel)
+    z = _local_logits(xn, shard, cfg)  # [B, T, V/N]
     whole = comm.all_gather(np.ascontiguousarray(np.moveaxis(z, -1, 0)))  # [V, B, T]
     return np.ascontiguousarray(np.moveaxis(whole, 0, -1))  # [B, T, V]
+
+
+def tp_saved_shapes(shard, cfg: Config, tokens, comm, sequence_parallel=False):
+    """Per block, the shape of each activation this rank keeps for the backward
+    ({name: shape}): what sequence parallel cuts by N, measured on the forward's own arrays."""
+    plan = _check_shard(shard, cfg, comm)
+    saved = [{} for _ in shard["blocks"]]
+    _trunk(shard, cfg, check_tokens(tokens, cfg), comm, plan, saved, sequence_parallel)
+    return [{name: a.shape for name, a in s.items()} for s in saved]
 
 
 # ---------------------------------------------------------------- the loss and its backward
@@ -241,10 +296,11 @@ def parallel_cross_entropy(z, targets, n_targets, plan, comm):
     return loss, dz
 
 
-def tp_loss_and_grads(shard, cfg: Config, tokens, targets, comm):
+def tp_loss_and_grads(shard, cfg: Config, tokens, targets, comm, sequence_parallel=False):
     """(loss, grads) of the mean next-token cross-entropy, grads in the shard's layout,
     each equal to its slice (tp_slices) of loss_and_grads(params, ...)'s: Megatron's
-    backward, the blocks in reverse, with f's all-reduce of each input gradient."""
+    backward, the blocks in reverse, with f's all-reduce of each input gradient (or, under
+    sequence parallel, the reduce-scatter and all-gather in its place)."""
     plan = _check_shard(shard, cfg, comm)
     tokens = check_tokens(tokens, cfg)
     targets = check_targets(targets, tokens, cfg)
@@ -254,9 +310,9 @@ def tp_loss_and_grads(shard, cfg: Config, tokens, targets, comm):
     if n_targets == 0:
         raise ValueError(f"every target is {IGNORE} (ignored): there is no position to "
                          f"average the loss over")
+    c = _f_and_g(comm, sequence_parallel)
     saved = [{} for _ in shard["blocks"]]
-    x, rope = _trunk(shard, cfg, tokens, comm, plan, saved)  # [B, T, d]
-    xn = norm(x, shard["final_norm"], cfg)
+    xn, x, rope = _trunk(shard, cfg, tokens, comm, plan, saved, sequence_parallel)
     xn2 = xn.reshape(-1, cfg.d_model)  # [N, d]
     z = _local_logits(xn2, shard, cfg)  # [N, V/N]
     loss, dz = parallel_cross_entropy(z, targets, n_targets, plan, comm)
@@ -268,52 +324,58 @@ def tp_loss_and_grads(shard, cfg: Config, tokens, targets, comm):
         grads["lm_head"]["w"] = dhead
     if cfg.bias:
         grads["lm_head"]["b"] = dz.sum(axis=0)
-    dxn = comm.all_reduce((dz @ w.T).reshape(x.shape))  # f: each rank's part of dxn
+    dxn = c.f_back((dz @ w.T).reshape(xn.shape))  # f: each rank's part of dxn
     dx, grads["final_norm"] = norm_backward(dxn, x, shard["final_norm"], cfg)
     grads["blocks"] = [None] * cfg.n_layers
     for i in reversed(range(cfg.n_layers)):
         dx, grads["blocks"][i] = tp_block_backward(dx, shard["blocks"][i], cfg, comm, plan,
-                                                   saved[i], rope)
-    grads.update(_embed_backward(dx, tokens, cfg, plan, dhead.T if cfg.tie_embeddings else None))
+                                                   saved[i], rope, sequence_parallel)
+    grads.update(_embed_backward(c.g_back(dx), tokens, cfg, plan,
+                                 dhead.T if cfg.tie_embeddings else None))
+    if sequence_parallel:
+        _sum_norm_grads(grads, comm)
     if plan.kv_shared:
         _sum_shared_kv_grads(grads, cfg, comm)
     by_name = dict(named_params(grads))
     return loss, map_params(lambda name, _: by_name[name], shard, names=True)  # shard's order
 
 
-def tp_block_backward(dy, p, cfg: Config, comm, plan, s, rope=None):
-    """Backward of tp_block: dy [B, T, d], whole on every rank, is d(loss)/d(its output);
-    returns d(loss)/d(its input), whole, and this rank's grads of the block."""
+def tp_block_backward(dy, p, cfg: Config, comm, plan, s, rope=None, sequence_parallel=False):
+    """Backward of tp_block: dy [B, T, d], whole on every rank (or this rank's shard), is
+    d(loss)/d(its output); returns d(loss)/d(its input), likewise, and this rank's grads of
+    the block (the norms' summed over the shard's positions only, under sequence parallel)."""
+    c = _f_and_g(comm, sequence_parallel)
     grads = {}
     if cfg.mlp != "none":
-        dh, grads["mlp"] = _mlp_backward(dy, p["mlp"], cfg, s)         # g: dy as it is
-        dh = comm.all_reduce(dh)                                         # f: all-reduce 1
+        dh, grads["mlp"] = _mlp_backward(c.g_back(dy), p["mlp"], cfg, s, c.f(s["mlp_in"]))
+        dh = c.f_back(dh)                                                # f: all-reduce 1
         dres, grads["mlp_norm"] = norm_backward(dh, s["resid_mid"], p["mlp_norm"], cfg)
         dy = dy + dres
-    dh, grads["attn"] = _attention_backward(dy, p["attn"], cfg, plan, s, rope)
-    dh = comm.all_reduce(dh)                                             # f: all-reduce 2
+    dh, grads["attn"] = _attention_backward(c.g_back(dy), p["attn"], cfg, plan, s, rope,
+                                            c.f(s["attn_in"]))
+    dh = c.f_back(dh)                                                    # f: all-reduce 2
     dres, grads["attn_norm"] = norm_backward(dh, s["resid_pre"], p["attn_norm"], cfg)
     return dy + dres, grads
 
 
-def _mlp_backward(dy, m, cfg: Config, s):
-    """This rank's part of d(mlp_in), and its MLP grads."""
+def _mlp_backward(dy, m, cfg: Config, s, mlp_in):
+    """This rank's part of d(mlp_in), and its MLP grads (mlp_in [B, T, d], whole)."""
     dhidden, grads = linear_backward(dy, s["hidden"], m, "w_down", "b_down")
     if cfg.mlp == "swiglu":
         dup = dhidden * silu(s["gate"])
-        dx, g = linear_backward(silu_backward(dhidden * s["up"], s["gate"]), s["mlp_in"], m,
+        dx, g = linear_backward(silu_backward(dhidden * s["up"], s["gate"]), mlp_in, m,
                                 "w_gate", "b_gate")
         grads.update(g)
     else:
         dup = (gelu_backward if cfg.mlp == "gelu" else gelu_tanh_backward)(dhidden, s["up"])
         dx = 0
-    dx_up, g = linear_backward(dup, s["mlp_in"], m, "w_up", "b_up")
+    dx_up, g = linear_backward(dup, mlp_in, m, "w_up", "b_up")
     grads.update(g)
     return dx + dx_up, grads
 
 
-def _attention_backward(dy, a, cfg: Config, plan, s, rope):
-    """This rank's part of d(attn_in), and its attention grads."""
+def _attention_backward(dy, a, cfg: Config, plan, s, rope, attn_in):
+    """This rank's part of d(attn_in), and its attention grads (attn_in [B, T, d], whole)."""
     B, T, _ = dy.shape
     dout, grads = linear_backward(dy, s["out"], a, "wo", "bo")  # [B, T, H/N * D]
     dq, dk, dv = attention_core_backward(dout, s["q"], s["k"], s["v"])  # each [B,T,H/N,D]
@@ -323,7 +385,7 @@ def _attention_backward(dy, a, cfg: Config, plan, s, rope):
         dq, dk = apply_rope_backward(dq, *rope), apply_rope_backward(dk, *rope)
     dx = 0
     for name, d in (("q", dq), ("k", dk), ("v", dv)):
-        dx_part, g = linear_backward(d.reshape(B, T, -1), s["attn_in"], a, "w" + name,
+        dx_part, g = linear_backward(d.reshape(B, T, -1), attn_in, a, "w" + name,
                                      "b" + name)
         grads.update(g)
         dx = dx + dx_part  # attn_in fed all three products
@@ -344,6 +406,17 @@ def _embed_backward(dx, tokens, cfg: Config, plan, dtok=None):
         dpos[:dx.shape[1]] = dx.sum(axis=0)
         grads["pos_emb"] = dpos
     return grads
+
+
+def _sum_norm_grads(grads, comm):
+    """Sequence parallel: each rank's norm grads cover its positions only; one all-reduce
+    of them all gives the whole sums, on every rank."""
+    norms = [group[k] for group in [grads] + grads["blocks"] for k in group if k.endswith("norm")]
+    leaves = [(g, k) for g in norms for k in sorted(g)]  # (the norm's grads, weight or bias)
+    summed = comm.all_reduce(np.concatenate([g[k].reshape(-1) for g, k in leaves]))
+    ends = np.cumsum([g[k].size for g, k in leaves])[:-1]
+    for (g, k), part in zip(leaves, np.split(summed, ends)):
+        g[k] = part.reshape(g[k].shape)
 
 
 def _sum_shared_kv_grads(grads, cfg: Config, comm):
