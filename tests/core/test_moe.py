@@ -149,12 +149,12 @@ def test_decode_with_a_cache_and_packed_weights_equals_the_full_forward(case):
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=1e-11, atol=1e-13)
 
 
-def test_training_a_mixture_of_experts_is_refused_clearly():
-    from transformer_lab import loss_and_grads
+def test_lora_on_a_mixture_of_experts_is_refused_clearly():
+    from transformer_lab import LoRA, loss_and_grads
     cfg, params = moe_model("mixtral")
     tokens = np.zeros((1, 4), dtype=int)
-    with pytest.raises(ValueError, match="mixture of experts .* has no backward yet"):
-        loss_and_grads(params, cfg, tokens, tokens)
+    with pytest.raises(ValueError, match="LoRA on a mixture of experts"):
+        loss_and_grads(params, cfg, tokens, tokens, lora=LoRA.init(params, cfg, rank=2))
 
 
 def test_a_gguf_file_of_a_mixture_of_experts_is_refused_clearly(tmp_path):

@@ -20,6 +20,7 @@ from ..acts import ActivationRecord
 from ..attention import attention_core_backward
 from ..config import Config
 from ..model import block, check_targets, check_tokens, embed, norm
+from .moe_backward import moe_backward
 from ..params import check_params, map_params, named_params
 from ..ops import (IGNORE, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
@@ -73,9 +74,9 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     if cache is not None:
         raise ValueError("loss_and_grads trains on whole sequences without a KV cache; "
                          "call it without cache=")
-    if cfg.n_experts:
-        raise ValueError(f"loss_and_grads: a mixture of experts (n_experts={cfg.n_experts}) "
-                         f"has no backward yet; forward runs it")
+    if cfg.n_experts and lora is not None:
+        raise ValueError(f"loss_and_grads: LoRA on a mixture of experts (n_experts="
+                         f"{cfg.n_experts}) is not supported")
     if cfg.qk_norm:
         raise ValueError("loss_and_grads: qk_norm (Qwen3's per-head QK-norm) has no backward "
                          "yet; forward runs it")
@@ -265,8 +266,11 @@ def block_backward(dy, p, cfg: Config, acts, i, *, rope=None, lora=None):
     With a LoRA `lora` the grads are this block's adapters' only (lora.adapters' layout)."""
     grads, frozen = {}, lora is not None
     attn_lora, mlp_lora = (lora.group(i, "attn"), lora.group(i, "mlp")) if frozen else (None, None)
-    if cfg.mlp != "none":
+    if cfg.is_moe_layer(i):
+        dmlp_in, grads["moe"] = moe_backward(dy, p["moe"], cfg, acts, i)
+    elif cfg.mlp != "none":
         dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i, lora=mlp_lora)
+    if cfg.mlp != "none":
         dres, g = norm_backward(dmlp_in, acts.layer(i, "resid_mid"), p["mlp_norm"], cfg, frozen)
         if not frozen:
             grads["mlp_norm"] = g
