@@ -96,3 +96,68 @@ def test_bad_input():
         pipeline_timeline(pipeline_schedule(2, 4, "gpipe"), backward=0)
     with pytest.raises(ValueError, match="waits on itself"):
         pipeline_timeline([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
+
+
+# ---------------------------------------------------------------- run for real, a stage per rank
+
+def _run_pipeline(cfg, p, m, kind, seed=0):
+    """(one process's loss and grads, every stage's (loss, grads, stats), the params)."""
+    import numpy as np
+
+    from transformer_lab import init_params
+    from transformer_lab.parallel import run_ranks
+    from transformer_lab.parallel.pipeline import pipeline_loss_and_grads, pp_shard
+    from transformer_lab.training.backward import loss_and_grads
+    params = init_params(cfg, seed=seed)
+    rng = np.random.default_rng(seed)
+    tokens, targets = rng.integers(0, cfg.vocab, (4, 6)), rng.integers(0, cfg.vocab, (4, 6))
+    targets[0, :3] = -1  # a prompt the loss ignores
+
+    def body(c):
+        shard = pp_shard(params, cfg, c.rank, c.size)
+        return (*pipeline_loss_and_grads(shard, cfg, tokens, targets, c, m, kind), c.stats)
+    return loss_and_grads(params, cfg, tokens, targets), run_ranks(p, body)
+
+
+@settings(max_examples=10, derandomize=True, deadline=None)
+@given(name=st.sampled_from(["llama", "gpt2-tied", "llama-3-layers"]), p=st.integers(1, 3),
+       m=st.sampled_from([1, 2, 3, 4]), kind=KINDS)
+def test_loss_and_grads_equal_one_process(name, p, m, kind):
+    import numpy as np
+
+    from transformer_lab import TINY, TINY_GPT2
+    from transformer_lab.params import named_params
+    from transformer_lab.parallel.pipeline import pp_shard
+    cfg = {"llama": TINY, "gpt2-tied": TINY_GPT2, "llama-3-layers": TINY.replace(n_layers=3)}[name]
+    p = min(p, cfg.n_layers)
+    (loss, grads), stages = _run_pipeline(cfg, p, m, kind)
+    for s, (stage_loss, stage_grads, stats) in enumerate(stages):
+        assert stage_loss == pytest.approx(loss, abs=1e-12)
+        want = dict(named_params(pp_shard(grads, cfg, s, p)))  # the same cut of the grads
+        assert sorted(want) == sorted(dict(named_params(stage_grads)))
+        for key, g in named_params(stage_grads):
+            np.testing.assert_allclose(g, want[key], rtol=0, atol=1e-10, err_msg=key)
+        # m activations sent on (but by the last stage), m grads sent back (but by the first)
+        sends = m * ((s < p - 1) + (s > 0))
+        assert stats.get("send", {"calls": 0})["calls"] == sends
+
+
+def test_run_errors():
+    import numpy as np
+
+    from transformer_lab import TINY, init_params
+    from transformer_lab.parallel import run_ranks
+    from transformer_lab.parallel.pipeline import pipeline_loss_and_grads, pp_shard
+    params, tokens = init_params(TINY), np.zeros((2, 4), dtype=np.int64)
+
+    def body(c, m, targets):
+        return pipeline_loss_and_grads(pp_shard(params, TINY, c.rank, c.size), TINY, tokens,
+                                       targets, c, m)
+    with pytest.raises(ValueError, match="3 micro-batches are more than the batch's 2 rows"):
+        run_ranks(2, body, 3, tokens)
+    with pytest.raises(ValueError, match="micro_batches"):
+        run_ranks(2, body, 0, tokens)
+    with pytest.raises(ValueError, match="every target is -1"):
+        run_ranks(2, body, 1, np.full((2, 4), -1))
+    with pytest.raises(ValueError, match="3 stages are more than the 2 layers"):
+        pp_shard(params, TINY, 0, 3)

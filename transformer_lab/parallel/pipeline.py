@@ -1,6 +1,6 @@
-"""Pipeline parallel's schedules, as pure functions: which stage runs which micro-batch's
-forward or backward when, the idle time this leaves (the bubble), and how many
-micro-batches' activations each stage holds at once.
+"""Pipeline parallel: its schedules, as pure functions (which stage runs which micro-batch's
+forward or backward when, the idle time this leaves, the bubble, and how many
+micro-batches' activations each stage holds at once), and the schedule run for real.
 
     stage_layers(n_layers, p)              the layers of each of p stages, as even as can be
     pipeline_schedule(p, m, kind)          each stage's ordered events ("F", i) and ("B", i)
@@ -13,17 +13,33 @@ micro-batches' activations each stage holds at once.
                                            stage is free and its input is there
     bubble(timeline)                       the idle share of p stages x the whole time
     peak_in_flight(schedule)               forwards whose backward has not run yet, at most
+    pp_shard, pipeline_loss_and_grads      the schedule run for real: a stage per rank,
+                                           activations and grads sent between them
 
 With equal stages the bubble is (p - 1) / (m + p - 1) for both kinds (bubble_formula): the
 pipe fills for p - 1 steps and drains for p - 1 steps whatever the order in between. The
 kinds differ in memory: gpipe holds all m micro-batches' activations, 1f1b at most p - s
 on stage s.
+
+pipeline_loss_and_grads runs a stage on each rank of comm with send and recv (in process,
+run_ranks, a send is buffered). Under MPI a blocking send of a large activation can wait
+for a peer that is itself sending (1f1b's steady state, a forward's send facing a
+backward's): that needs non-blocking sends, which the communicator does not have yet.
 """
 from __future__ import annotations
 
 from fractions import Fraction
 from numbers import Real
 
+import numpy as np
+
+from ..acts import ActivationRecord
+from ..model import block, check_targets, check_tokens, embed, norm
+from ..ops import IGNORE
+from ..params import map_params, named_params
+from ..positions import rope_angles
+from ..training.backward import (block_backward, embed_backward, head_loss_and_backward,
+                                 norm_backward)
 from ..validate import check_int
 
 KINDS = ("gpipe", "1f1b")
@@ -134,3 +150,87 @@ def peak_in_flight(schedule):
             peak = max(peak, held)
         peaks.append(peak)
     return peaks
+
+
+# ---------------------------------------------------------------- running it, stage per rank
+
+def pp_shard(params, cfg, rank, size):
+    """Stage `rank`'s params of a pipeline of `size` stages: its blocks (stage_layers), the
+    embedding on the first stage, the final norm and the head on the last (the embedding
+    there too for a tied head)."""
+    a, b = stage_layers(cfg.n_layers, size)[rank]
+    shard = {"blocks": params["blocks"][a:b]}
+    if rank == 0:
+        shard.update({k: params[k] for k in ("tok_emb", "pos_emb") if k in params})
+    if rank == size - 1:
+        shard.update(final_norm=params["final_norm"], lm_head=params["lm_head"])
+        if cfg.tie_embeddings:
+            shard["tok_emb"] = params["tok_emb"]
+    return shard
+
+
+def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, kind="1f1b"):
+    """(loss, grads) of the whole batch, grads in this stage's layout (pp_shard), equal to
+    loss_and_grads' on one process: the batch cut into micro-batches along its rows, each
+    stage running its events of pipeline_schedule, an F receiving the previous stage's
+    activations [b, T, d] (the first stage embeds) and sending its own on, a B receiving
+    the next stage's gradient (the last stage starts from the loss) and sending its own
+    back. Every stage returns the loss."""
+    s, p = comm.rank, comm.size
+    tokens = check_tokens(tokens, cfg)
+    targets = check_targets(targets, tokens, cfg)
+    m = check_int(micro_batches, "pipeline: micro_batches", low=1)
+    if m > tokens.shape[0]:
+        raise ValueError(f"pipeline: {m} micro-batches are more than the batch's "
+                         f"{tokens.shape[0]} rows")
+    a, _ = stage_layers(cfg.n_layers, p)[s]
+    n_targets = int(np.count_nonzero(targets != IGNORE))
+    if n_targets == 0:
+        raise ValueError(f"every target is {IGNORE} (ignored): there is no position to "
+                         f"average the loss over")
+    rows = np.array_split(np.arange(tokens.shape[0]), m)  # each micro-batch's rows
+    T = tokens.shape[1]
+    rope = rope_angles(np.arange(T), cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
+    blocks = list(enumerate(shard["blocks"], start=a))  # (layer, its params)
+    held, loss, grads = {}, 0.0, {}  # held: micro-batch -> what its backward reads
+
+    def forward(i):
+        x = embed(shard, cfg, tokens[rows[i]]) if s == 0 else comm.recv(s - 1)  # [b, T, d]
+        acts, x_in = ActivationRecord(), x
+        for layer, bp in blocks:
+            x = block(x, bp, cfg, rope=rope, layer=layer, acts=acts)
+        if s < p - 1:
+            comm.send(x, s + 1)
+            held[i] = (acts, None, None)
+            return 0.0
+        xn = norm(x, shard["final_norm"], cfg)  # the last stage: the loss, and its gradient
+        part, dxn, head = head_loss_and_backward(xn, shard, cfg, targets[rows[i]], n_targets)
+        dx, g = norm_backward(dxn, x, shard["final_norm"], cfg)
+        held[i] = (acts, dx, dict(head, final_norm=g))
+        return part
+
+    def backward(i):
+        acts, dx, g = held.pop(i)  # this micro-batch's activations are let go here
+        g = {} if g is None else g
+        if s < p - 1:
+            dx = comm.recv(s + 1)
+        g["blocks"] = [None] * len(blocks)
+        for j, (layer, bp) in reversed(list(enumerate(blocks))):
+            dx, g["blocks"][j] = block_backward(dx, bp, cfg, acts, layer, rope=rope)
+        if s == 0:
+            g.update(embed_backward(dx, tokens[rows[i]], cfg, dtok=g.get("tok_emb")))
+        else:
+            comm.send(dx, s - 1)
+        return g
+
+    for event, i in pipeline_schedule(p, m, kind)[s]:
+        if event == "F":
+            loss += forward(i)
+        else:
+            for name, g in named_params(backward(i)):  # each micro-batch: its share of the mean
+                grads[name] = grads[name] + g if name in grads else g
+    if cfg.tie_embeddings and p > 1 and s in (0, p - 1):  # the table's two parts, summed
+        other = p - 1 - s
+        grads["tok_emb"] = grads["tok_emb"] + comm.sendrecv(grads["tok_emb"], other, other)
+    loss = float(comm.broadcast(np.array([loss]), root=p - 1)[0])  # the last stage's
+    return loss, map_params(lambda name, _: grads[name], shard, names=True)  # shard's layout
