@@ -28,7 +28,7 @@ ROUTERS = ("softmax", "sigmoid")
 # routed_scaling_factor, n_group, topk_group, first_k_dense_replace.
 MOE_FIELDS = ("experts_per_token", "moe_d_ff", "n_shared_experts", "shared_expert_gate",
               "router", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group",
-              "first_dense_layers")
+              "first_dense_layers", "balance_loss_coef")
 
 
 def check_dtype(dtype, who) -> np.dtype:
@@ -96,6 +96,10 @@ class Config:
     topk_group: int = 1
     # The first layers keep a dense MLP of width d_ff (DeepSeek-V3's first_k_dense_replace).
     first_dense_layers: int = 0
+    # Training only: loss() and loss_and_grads add balance_loss_coef times each MoE layer's
+    # Switch load-balancing loss E * sum_i f_i P_i (moe.balance_loss); HF's
+    # router_aux_loss_coef. 0 leaves the loss the cross-entropy alone.
+    balance_loss_coef: float = 0.0
 
     def __post_init__(self):
         # Frozen dataclass: normalise fields through object.__setattr__.
@@ -196,6 +200,8 @@ class Config:
             object.__setattr__(self, name, bool(getattr(self, name)))
         object.__setattr__(self, "routed_scaling_factor", check_number(
             self.routed_scaling_factor, "Config.routed_scaling_factor", low=0, low_open=True))
+        object.__setattr__(self, "balance_loss_coef", check_number(
+            self.balance_loss_coef, "Config.balance_loss_coef", low=0))
         k, groups, chosen = self.experts_per_token, self.n_group, self.topk_group
         if self.router not in ROUTERS:
             raise ValueError(f"Config.router must be one of {', '.join(ROUTERS)}; "

@@ -12,7 +12,7 @@ from .acts import record, wants_patterns
 from .attention import attention_core, attention_weights
 from .cache import CacheProtocol
 from .config import Config
-from .moe import moe_forward
+from .moe import balance_loss, moe_forward
 from .ops import cross_entropy, gelu, gelu_tanh, layer_norm, rms_norm, silu
 from .params import PACKED_MODULES_BY_KEYS, PackedGroup, check_params
 from .positions import apply_rope, rope_at, sinusoidal_pe
@@ -303,7 +303,18 @@ def check_targets(targets, tokens, cfg: Config):
 
 def loss(params, cfg: Config, tokens, targets):
     """Mean cross-entropy of the next-token predictions over the positions whose target is
-    not -1 (ignored, as a prompt is). All targets -1 is a ValueError."""
+    not -1 (ignored, as a prompt is), plus balance_loss_coef times the MoE layers' balance
+    losses (every token counted). All targets -1 is a ValueError."""
     targets = check_targets(targets, tokens, cfg)
-    logits = forward(params, cfg, tokens)  # [B, T, V]
-    return cross_entropy(logits, targets)
+    if not (cfg.n_experts and cfg.balance_loss_coef):
+        return cross_entropy(forward(params, cfg, tokens), targets)
+    acts = {}
+    logits = forward(params, cfg, tokens, acts=acts)  # [B, T, V]
+    return cross_entropy(logits, targets) + cfg.balance_loss_coef * moe_balance(acts, cfg)
+
+
+def moe_balance(acts, cfg: Config) -> float:
+    """The sum over MoE layers of moe.balance_loss, read from a forward's record."""
+    return sum(balance_loss(acts[f"blocks[{i}].moe.router_logits"],
+                            acts[f"blocks[{i}].moe.experts"], cfg)
+               for i in range(cfg.n_layers) if cfg.is_moe_layer(i))

@@ -19,6 +19,10 @@ Each expert is a SwiGLU MLP. How the k are chosen and weighted is the router's:
   negative be outranked by a masked one). The weights are the unbiased s of the chosen,
   renormalised with norm_topk_prob, times routed_scaling_factor.
 
+Training may add Switch's load-balancing loss (balance_loss): with f_i the share of the
+N*k choices that went to expert i and P_i the mean router probability of expert i,
+E * sum_i f_i P_i is 1 when both are uniform and grows as the load gathers on a few.
+
 Two forms of the layer, equal: moe_reference loops over the experts and gathers the
 tokens routed to each, as one reads the definition; moe_forward sorts the (token,
 choice) pairs by expert once, so each expert's tokens are one contiguous block and one
@@ -147,3 +151,23 @@ def moe_forward(x, m, cfg: Config, *, acts=None, layer=0):
                              "moe.experts": experts.reshape(B, T, k),
                              "moe.weights": weights.reshape(B, T, k)})
     return y.reshape(B, T, d)
+
+
+def router_probs(logits, cfg: Config):
+    """Each token's probabilities over the experts [..., E] that the balance loss averages:
+    softmax(logits), or (sigmoid router) the sigmoid scores normalised to sum to 1, as
+    DeepSeek-V3's sequence-wise balance loss normalises them."""
+    if cfg.router == "softmax":
+        return softmax(logits, axis=-1)
+    scores = sigmoid(logits)
+    return scores / scores.sum(axis=-1, keepdims=True)
+
+
+def balance_loss(router_logits, experts, cfg: Config) -> float:
+    """Switch's load-balancing loss of one layer, E * sum_i f_i P_i: f_i the fraction of the
+    token choices (experts [..., k]) routed to expert i, P_i the mean of router_probs over
+    the tokens (router_logits [..., E]). f passes no gradient, P does."""
+    E = cfg.n_experts
+    f = np.bincount(np.ravel(experts), minlength=E) / np.size(experts)  # [E], sums to 1
+    P = router_probs(router_logits, cfg).reshape(-1, E).mean(axis=0)  # [E], sums to 1
+    return float(E * (f @ P))

@@ -162,3 +162,18 @@ def test_a_gguf_file_of_a_mixture_of_experts_is_refused_clearly(tmp_path):
     cfg, params = moe_model("mixtral")
     with pytest.raises(ValueError, match="GGUF's llama architecture needs n_experts=0"):
         save_gguf(tmp_path / "m.gguf", params, cfg, tokenizer=None)
+
+
+def test_the_balance_loss_is_one_when_uniform_and_e_times_p_when_gathered():
+    from transformer_lab.moe import balance_loss
+    cfg = llama_config(vocab=16, d_model=4, n_heads=2, n_layers=1, d_ff=8, max_seq=8,
+                       n_experts=4, experts_per_token=1, dtype=np.float64)
+    uniform = np.zeros((4, 4))  # P_i = 1/4, and each expert chosen once: f_i = 1/4
+    assert balance_loss(uniform, np.array([[0], [1], [2], [3]]), cfg) == pytest.approx(1.0)
+    logits = np.log(np.array([[4.0, 2.0, 1.0, 1.0], [2.0, 4.0, 1.0, 1.0]]))  # P = (3, 3, 1, 1)/8
+    # every token to expert 0: f = (1, 0, 0, 0), so 4 * P_0 = 4 * 3/8
+    assert balance_loss(logits, np.array([[0], [0]]), cfg) == pytest.approx(1.5)
+    sigmoid_cfg = cfg.replace(router="sigmoid")  # scores normalised per token
+    s = 1 / (1 + np.exp(-logits))
+    want = 4 * (s / s.sum(-1, keepdims=True))[:, 1].mean()
+    assert balance_loss(logits, np.array([[1], [1]]), sigmoid_cfg) == pytest.approx(want)

@@ -30,6 +30,7 @@ def test_dense_configs_are_unchanged():
     (dict(shared_expert_gate=True), "shared_expert_gate needs n_shared_experts"),
     (dict(first_dense_layers=4), "first_dense_layers (4) must be at most n_layers (3)"),
     (dict(routed_scaling_factor=0.0), "Config.routed_scaling_factor"),
+    (dict(balance_loss_coef=-0.1), "Config.balance_loss_coef"),
     (dict(norm_topk_prob=1), "Config.norm_topk_prob must be True or False"),
     (dict(n_experts=0), "Config.experts_per_token applies only to a mixture of experts"),
 ])

@@ -4,8 +4,9 @@ differences."""
 import numpy as np
 import pytest
 
-from transformer_lab import (ActivationRecord, init_params, llama_config, loss, loss_and_grads,
-                             moe_forward)
+from transformer_lab import (ActivationRecord, cross_entropy, forward, init_params, llama_config,
+                             loss, loss_and_grads, moe_forward)
+from transformer_lab.moe import balance_loss
 from transformer_lab.training.moe_backward import moe_backward
 
 E = 8
@@ -84,9 +85,11 @@ def test_moe_grads_equal_torch_autograd(case):
     assert np.abs(grads["router"]).max() > 1e-3  # the router learns through the weights
 
 
-@pytest.mark.parametrize("case", ["qwen2_moe", "deepseek_v3"])
-def test_loss_and_grads_of_a_moe_model_match_central_differences(case):
+@pytest.mark.parametrize("case, coef", [("qwen2_moe", 0.0), ("deepseek_v3", 0.0),
+                                        ("mixtral", 0.5), ("deepseek_v3", 0.5)])
+def test_loss_and_grads_of_a_moe_model_match_central_differences(case, coef):
     cfg, params = model(case)
+    cfg = cfg.replace(balance_loss_coef=coef)
     rng = np.random.default_rng(6)
     tokens = rng.integers(0, cfg.vocab, size=(2, 6))
     targets = rng.integers(0, cfg.vocab, size=(2, 6))
@@ -96,9 +99,19 @@ def test_loss_and_grads_of_a_moe_model_match_central_differences(case):
     np.testing.assert_array_equal(recomputed["blocks"][-1]["moe"]["router"],
                                   grads["blocks"][-1]["moe"]["router"])
     layer = cfg.n_layers - 1
-    for path in [("moe", "router", (3, 5)), ("moe", "w_gate", (2, 4, 7)),
-                 ("moe", "shared", "w_up", (1, 2)), ("mlp_norm", "weight", (4,)),
-                 ("attn", "wq", (0, 3))]:
+    if coef:  # the balance loss is in the value, and it moves the router
+        acts = {}
+        forward(params, cfg, tokens, acts=acts)
+        ce = cross_entropy(acts["logits"], targets)
+        balance = sum(balance_loss(acts[f"blocks[{i}].moe.router_logits"],
+                                   acts[f"blocks[{i}].moe.experts"], cfg)
+                      for i in range(cfg.first_dense_layers, cfg.n_layers))
+        assert value == pytest.approx(ce + coef * balance, rel=1e-12) and balance > 1.0
+    paths = [("moe", "router", (3, 5)), ("moe", "router", (0, 1)), ("moe", "w_gate", (2, 4, 7)),
+             ("mlp_norm", "weight", (4,)), ("attn", "wq", (0, 3))]
+    if cfg.n_shared_experts:
+        paths.append(("moe", "shared", "w_up", (1, 2)))
+    for path in paths:
         *keys, at = path
         leaf, g = params["blocks"][layer], grads["blocks"][layer]
         for key in keys:

@@ -20,7 +20,7 @@ from ..acts import ActivationRecord
 from ..attention import attention_core_backward
 from ..config import Config
 from ..model import block, check_targets, check_tokens, embed, norm
-from .moe_backward import moe_backward
+from .moe_backward import layer_balance, moe_backward
 from ..params import check_params, map_params, named_params
 from ..ops import (IGNORE, gelu_backward, gelu_tanh_backward,
                   layer_norm_backward, rms_norm_backward, silu, silu_backward)
@@ -42,6 +42,10 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
 
     loss_scale: the grads are those of loss_scale * loss (mixed precision's loss scaling,
     see precision.DynamicLossScaler); the loss returned is the loss itself.
+
+    With a mixture of experts and balance_loss_coef, the loss adds that times each MoE
+    layer's balance loss (moe.balance_loss, over this call's tokens: micro-batches'
+    balance losses are each their own, not the whole batch's).
 
     targets is [B, T] of ids, or -1 at positions to leave out of the mean. With a
     tied head grads["tok_emb"] holds both the embedding's and the head's part.
@@ -127,7 +131,10 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
             acts = ActivationRecord()
             block(inputs[i], p, cfg, rope=rope, layer=i, acts=acts, lora=lora)
             inputs[i] = None
-        dx, grads["blocks"][i] = block_backward(dx, p, cfg, acts, i, rope=rope, lora=lora)
+        if cfg.is_moe_layer(i) and cfg.balance_loss_coef:  # its record is at hand here
+            loss += cfg.balance_loss_coef * layer_balance(acts, i, cfg)
+        dx, grads["blocks"][i] = block_backward(dx, p, cfg, acts, i, rope=rope, lora=lora,
+                                                dloss=loss_scale)
         del p
         _ready(ready, f"blocks[{i}]", grads["blocks"], (i,))
     if frozen:
@@ -259,15 +266,17 @@ def norm_backward(dy, x, p, cfg: Config, frozen=False):
 
 # ---------------------------------------------------------------- one block, in reverse
 
-def block_backward(dy, p, cfg: Config, acts, i, *, rope=None, lora=None):
+def block_backward(dy, p, cfg: Config, acts, i, *, rope=None, lora=None, dloss=1.0):
     """Backward of model.block for block i: dy is d(loss)/d(resid_post); returns
     d(loss)/d(resid_pre) and the block's grads. A residual add passes its
     gradient to both of its inputs, so each sub-layer's dx adds onto dy.
-    With a LoRA `lora` the grads are this block's adapters' only (lora.adapters' layout)."""
+    With a LoRA `lora` the grads are this block's adapters' only (lora.adapters' layout).
+    dloss: the loss scale, which the MoE balance loss's gradient carries too."""
     grads, frozen = {}, lora is not None
     attn_lora, mlp_lora = (lora.group(i, "attn"), lora.group(i, "mlp")) if frozen else (None, None)
     if cfg.is_moe_layer(i):
-        dmlp_in, grads["moe"] = moe_backward(dy, p["moe"], cfg, acts, i)
+        dmlp_in, grads["moe"] = moe_backward(dy, p["moe"], cfg, acts, i,
+                                             dbalance=dloss * cfg.balance_loss_coef)
     elif cfg.mlp != "none":
         dmlp_in, grads["mlp"] = mlp_backward(dy, p["mlp"], cfg, acts, i, lora=mlp_lora)
     if cfg.mlp != "none":

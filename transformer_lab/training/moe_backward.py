@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import Config
-from ..moe import sigmoid
+from ..moe import balance_loss, router_probs, sigmoid
 from ..ops import silu, silu_backward
 from ..precision import product
 
@@ -40,9 +40,11 @@ def _swiglu_backward(dy, x, w_gate, w_up, w_down):
         product(hidden, w_down)
 
 
-def moe_backward(dy, m, cfg: Config, acts, i):
+def moe_backward(dy, m, cfg: Config, acts, i, *, dbalance=0.0):
     """Backward of moe_forward in block i: dy [B, T, d] the gradient of its update; returns
-    the gradient of mlp_in and the layer's grads, in its params' layout."""
+    the gradient of mlp_in and the layer's grads, in its params' layout. dbalance: the
+    gradient of the loss with respect to this layer's moe.balance_loss (its coefficient,
+    times the loss scale), whose gradient reaches the router's logits through P."""
     x = acts.layer(i, "mlp_in")
     shape, d, k = x.shape, x.shape[-1], cfg.experts_per_token
     x2, dy2 = x.reshape(-1, d), dy.reshape(-1, d)  # [N, d]
@@ -75,6 +77,8 @@ def moe_backward(dy, m, cfg: Config, acts, i):
 
     # The weights back to the router's logits.
     dlogits = _router_logits_backward(dweights, experts, logits, cfg)  # [N, E]
+    if dbalance:
+        dlogits += balance_loss_backward(logits, experts, cfg, dbalance)
     grads["router"] = product(x2.T, dlogits)  # [d, E]
     dx2 += product(dlogits, m["router"].T)
     if cfg.router == "sigmoid":
@@ -115,3 +119,22 @@ def _router_logits_backward(dweights, experts, logits, cfg: Config):
     if cfg.router == "softmax":
         return probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True))
     return dprobs * probs * (1.0 - probs)
+
+
+def balance_loss_backward(logits, experts, cfg: Config, dloss=1.0):
+    """d(dloss * balance_loss)/d(logits) [N, E]: E f_i / N on each token's probabilities,
+    then back through the softmax (or the normalised sigmoid)."""
+    N, E = logits.shape
+    f = np.bincount(np.ravel(experts), minlength=E) / np.size(experts)
+    dprobs = np.broadcast_to((dloss * E / N) * f, logits.shape)  # [N, E]
+    probs = router_probs(logits, cfg)
+    dz = dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)  # through q / sum(q)
+    if cfg.router == "softmax":
+        return probs * dz
+    scores = sigmoid(logits)
+    return dz / scores.sum(axis=-1, keepdims=True) * scores * (1.0 - scores)
+
+
+def layer_balance(acts, i, cfg: Config) -> float:
+    """moe.balance_loss of block i, read from its record."""
+    return balance_loss(acts.layer(i, "moe.router_logits"), acts.layer(i, "moe.experts"), cfg)
