@@ -80,6 +80,20 @@ def test_send_and_recv():
     assert a.tolist() == [0, 1, 2] and b.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_isend_goes_on_and_keeps_the_order():
+    def body(c):
+        other = 1 - c.rank
+        requests = [c.isend(np.full(3, c.rank), other), c.isend(np.arange(2.0), other)]
+        got = c.recv(other), c.recv(other)  # both ranks sent first
+        for r in requests:
+            r.wait()
+        return got, c.stats["send"]
+
+    for rank, ((a, b), stats) in enumerate(run_ranks(2, body)):
+        assert a.tolist() == [1 - rank] * 3 and b.tolist() == [0.0, 1.0]
+        assert stats == {"calls": 2, "bytes": 3 * 8 + 2 * 8}
+
+
 def test_split_orders_by_key_then_rank():
     def body(c):
         sub = c.split(c.rank % 2, key=-c.rank)

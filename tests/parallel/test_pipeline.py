@@ -1,6 +1,8 @@
 """Pipeline schedules (parallel/pipeline.py), exactly: the events of gpipe and 1f1b, the
 timeline's dependencies, the bubble against (p - 1) / (m + p - 1) for equal stages and by
-hand for unequal ones, the peak in-flight micro-batches per stage, and bad input."""
+hand for unequal ones, the peak in-flight micro-batches per stage, and bad input; and the
+schedule run for real, a stage per rank, on 1-3 in-process ranks and under `mpiexec -n 2`
+where MPI is installed: loss and grads equal one process's."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -161,3 +163,10 @@ def test_run_errors():
         run_ranks(2, body, 1, np.full((2, 4), -1))
     with pytest.raises(ValueError, match="3 stages are more than the 2 layers"):
         pp_shard(params, TINY, 0, 3)
+
+
+def test_under_mpiexec():
+    from mpi import mpi_run
+    out = mpi_run(2, ["tests/parallel/mpi_pipeline_checks.py"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("pipeline ok") == 2, out.stdout

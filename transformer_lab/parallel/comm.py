@@ -16,6 +16,8 @@ Every call takes arrays and returns new arrays (the input is never changed):
     broadcast(x, root)          root's x on every rank (the others may pass None)
     sendrecv(x, dest, source)   send x to dest while receiving from source
     send(x, dest), recv(source) one message, either way
+    isend(x, dest)              send started now, finished by .wait(): the sender goes on
+                                (a pipeline stage's activations while it works on)
     all_to_all(x)               part j of x (array_split, or a list of `size` arrays) goes
                                 to rank j; what came from each rank, in rank order
     barrier(), split(color, key)
@@ -237,6 +239,13 @@ class Comm:
         source = self._check_peer("recv", source, "source")
         return self._recv(source, "send")
 
+    def isend(self, x, dest):
+        """send(x, dest) started now, finished by .wait() (received with recv): the sender
+        does not wait for its receiver. In process a send never waits (the message is
+        copied into the mailbox), so this is send; MPIComm's is MPI's Isend."""
+        self.send(x, dest)
+        return _Sent()
+
     def iall_reduce(self, x, op="sum"):
         """all_reduce started now, finished by .wait() (which returns the sum): the gradient
         buckets' overlap with the backward. It runs on the comm's one helper thread, in the
@@ -244,6 +253,24 @@ class Comm:
         non-blocking collective on only inside MPI calls, and the backward makes none).
         Until every request is waited for, this rank makes no other call."""
         return _ThreadRequest(self, lambda: self.all_reduce(x, op))
+
+
+class _Sent:
+    """A send already done: wait() returns at once."""
+
+    def wait(self):
+        return None
+
+
+class _MPISent:
+    """MPI's requests of one isend (header and payload), holding their buffers until done."""
+
+    def __init__(self, MPI, requests, buffers):
+        self._MPI, self._requests, self._buffers = MPI, requests, buffers
+
+    def wait(self):
+        self._MPI.Request.Waitall(self._requests)
+        self._buffers = None
 
 
 def _all_reduce_bytes(a, n, rank):
@@ -605,6 +632,14 @@ class MPIComm(Comm):
             raise CollectiveMismatch(f"{call}: rank {source} sent with {sent_by}, rank "
                                      f"{self.rank} receives with {call}")
         return out
+
+    def isend(self, x, dest):
+        dest = self._check_peer("send", dest, "dest")
+        a = _as_array(x, "send")
+        h = _encode("send", a)  # the two messages go in order on their tags, as send's
+        requests = [self._comm.Isend(h, dest=dest, tag=1), self._comm.Isend(a, dest=dest, tag=2)]
+        self._count("send", a.nbytes)
+        return _MPISent(self.MPI, requests, (h, a))
 
     def sendrecv(self, x, dest, source):
         dest = self._check_peer("sendrecv", dest, "dest")

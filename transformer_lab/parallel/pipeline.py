@@ -21,10 +21,11 @@ pipe fills for p - 1 steps and drains for p - 1 steps whatever the order in betw
 kinds differ in memory: gpipe holds all m micro-batches' activations, 1f1b at most p - s
 on stage s.
 
-pipeline_loss_and_grads runs a stage on each rank of comm with send and recv (in process,
-run_ranks, a send is buffered). Under MPI a blocking send of a large activation can wait
-for a peer that is itself sending (1f1b's steady state, a forward's send facing a
-backward's): that needs non-blocking sends, which the communicator does not have yet.
+pipeline_loss_and_grads runs a stage on each rank of comm with isend and recv. The sends
+must not wait for their receivers: in 1f1b's steady state a forward's send to the next
+stage faces that stage's backward sending to this one, and two blocking sends of large
+messages would wait for each other for ever. With only the receives waiting, a stage waits
+on an event that comes earlier in the timeline, so it always ends.
 """
 from __future__ import annotations
 
@@ -192,7 +193,7 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
     T = tokens.shape[1]
     rope = rope_angles(np.arange(T), cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
     blocks = list(enumerate(shard["blocks"], start=a))  # (layer, its params)
-    held, loss, grads = {}, 0.0, {}  # held: micro-batch -> what its backward reads
+    held, loss, grads, sent = {}, 0.0, {}, []  # held: micro-batch -> what its backward reads
 
     def forward(i):
         x = embed(shard, cfg, tokens[rows[i]]) if s == 0 else comm.recv(s - 1)  # [b, T, d]
@@ -200,7 +201,7 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
         for layer, bp in blocks:
             x = block(x, bp, cfg, rope=rope, layer=layer, acts=acts)
         if s < p - 1:
-            comm.send(x, s + 1)
+            sent.append(comm.isend(x, s + 1))
             held[i] = (acts, None, None)
             return 0.0
         xn = norm(x, shard["final_norm"], cfg)  # the last stage: the loss, and its gradient
@@ -220,7 +221,7 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
         if s == 0:
             g.update(embed_backward(dx, tokens[rows[i]], cfg, dtok=g.get("tok_emb")))
         else:
-            comm.send(dx, s - 1)
+            sent.append(comm.isend(dx, s - 1))
         return g
 
     for event, i in pipeline_schedule(p, m, kind)[s]:
@@ -229,6 +230,8 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
         else:
             for name, g in named_params(backward(i)):  # each micro-batch: its share of the mean
                 grads[name] = grads[name] + g if name in grads else g
+    for request in sent:
+        request.wait()
     if cfg.tie_embeddings and p > 1 and s in (0, p - 1):  # the table's two parts, summed
         other = p - 1 - s
         grads["tok_emb"] = grads["tok_emb"] + comm.sendrecv(grads["tok_emb"], other, other)
