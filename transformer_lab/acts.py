@@ -40,13 +40,15 @@ LAYER_FIELDS = {
     "moe.experts": "[B, T, experts_per_token] int, the experts each token chose, best first "
                    "(MoE layers)",
     "moe.weights": "[B, T, experts_per_token] the chosen experts' weights (MoE layers)",
+    "moe.kept": "[B, T, experts_per_token] bool, the choices within their expert's capacity "
+                "(MoE layers with capacity_factor)",
     "resid_post": "[B, T, d] the stream leaving the block",
 }
 
 # Recorded only by MLA layers (attention="mla"); attn.q_a and attn.c_q only with q_lora_rank.
 MLA_FIELDS = ("attn.q_a", "attn.c_q", "attn.kv_a", "attn.c_kv", "attn.k_rope")
 # Recorded only by mixture-of-experts layers (config.is_moe_layer), which record no mlp.*.
-MOE_LAYER_FIELDS = ("moe.router_logits", "moe.experts", "moe.weights")
+MOE_LAYER_FIELDS = ("moe.router_logits", "moe.experts", "moe.weights", "moe.kept")
 
 
 def layer_name(layer: int, field: str) -> str:

@@ -28,7 +28,7 @@ ROUTERS = ("softmax", "sigmoid")
 # routed_scaling_factor, n_group, topk_group, first_k_dense_replace.
 MOE_FIELDS = ("experts_per_token", "moe_d_ff", "n_shared_experts", "shared_expert_gate",
               "router", "norm_topk_prob", "routed_scaling_factor", "n_group", "topk_group",
-              "first_dense_layers", "balance_loss_coef")
+              "first_dense_layers", "balance_loss_coef", "capacity_factor")
 
 
 def check_dtype(dtype, who) -> np.dtype:
@@ -100,6 +100,11 @@ class Config:
     # Switch load-balancing loss E * sum_i f_i P_i (moe.balance_loss); HF's
     # router_aux_loss_coef. 0 leaves the loss the cross-entropy alone.
     balance_loss_coef: float = 0.0
+    # Switch/GShard's expert capacity: each expert takes at most
+    # ceil(capacity_factor * N * k / E) of a forward's N tokens' choices, the earliest
+    # kept, the rest dropped (their token passes the layer on the residual alone).
+    # None: no limit, as Mixtral, Qwen and DeepSeek-V3 run.
+    capacity_factor: float | None = None
 
     def __post_init__(self):
         # Frozen dataclass: normalise fields through object.__setattr__.
@@ -202,6 +207,9 @@ class Config:
             self.routed_scaling_factor, "Config.routed_scaling_factor", low=0, low_open=True))
         object.__setattr__(self, "balance_loss_coef", check_number(
             self.balance_loss_coef, "Config.balance_loss_coef", low=0))
+        if self.capacity_factor is not None:
+            object.__setattr__(self, "capacity_factor", check_number(
+                self.capacity_factor, "Config.capacity_factor", low=0, low_open=True))
         k, groups, chosen = self.experts_per_token, self.n_group, self.topk_group
         if self.router not in ROUTERS:
             raise ValueError(f"Config.router must be one of {', '.join(ROUTERS)}; "

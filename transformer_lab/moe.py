@@ -23,12 +23,18 @@ Training may add Switch's load-balancing loss (balance_loss): with f_i the share
 N*k choices that went to expert i and P_i the mean router probability of expert i,
 E * sum_i f_i P_i is 1 when both are uniform and grows as the load gathers on a few.
 
+With capacity_factor (Switch, GShard) each expert takes at most capacity(N) of the N
+tokens' choices, the earliest in the batch's order (row by row, each row in sequence
+order); a dropped choice adds nothing, so its token's update lacks that expert.
+
 Two forms of the layer, equal: moe_reference loops over the experts and gathers the
 tokens routed to each, as one reads the definition; moe_forward sorts the (token,
 choice) pairs by expert once, so each expert's tokens are one contiguous block and one
 product, then puts the results back in token order and sums each token's k.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -102,6 +108,14 @@ def _shared(x, m, cfg: Config):
     return y
 
 
+def capacity(n_tokens, cfg: Config):
+    """How many token choices each expert takes in a forward of n_tokens tokens:
+    ceil(capacity_factor * n_tokens * k / E), or None without capacity_factor."""
+    if cfg.capacity_factor is None:
+        return None
+    return math.ceil(cfg.capacity_factor * n_tokens * cfg.experts_per_token / cfg.n_experts)
+
+
 def moe_reference(x, m, cfg: Config):
     """The readable form on x [B, T, d]: for each expert, the tokens that chose it, through
     it, weighted, added into their rows. Returns [B, T, d]."""
@@ -109,8 +123,10 @@ def moe_reference(x, m, cfg: Config):
     x = x.reshape(-1, shape[-1])  # [N, d]
     _, experts, weights = route(x, m, cfg)
     y = np.zeros_like(x)
+    limit = capacity(x.shape[0], cfg)
     for e in range(cfg.n_experts):
-        tokens, slot = np.nonzero(experts == e)  # a token chooses an expert at most once
+        tokens, slot = np.nonzero(experts == e)  # in token order; each at most once
+        tokens, slot = tokens[:limit], slot[:limit]  # within capacity (None: all)
         if tokens.size:
             out = _swiglu(x[tokens], m["w_gate"][e], m["w_up"][e], m["w_down"][e])
             y[tokens] += weights[tokens, slot, None] * out
@@ -125,8 +141,9 @@ def moe_forward(x, m, cfg: Config, *, acts=None, layer=0):
 
     The N*k (token, choice) pairs are sorted by expert (stably, so each expert's tokens
     stay in sequence order): expert e's rows are one block of the gathered inputs and
-    one product each. With a record `acts`, the router's logits and the chosen experts
-    and weights are kept under blocks[layer].moe.*.
+    one product each, of its first capacity(N) rows with capacity_factor. With a record
+    `acts`, the router's logits and the chosen experts and weights (and which choices
+    were kept) are kept under blocks[layer].moe.*.
     """
     B, T, d = x.shape
     k = cfg.experts_per_token
@@ -136,9 +153,11 @@ def moe_forward(x, m, cfg: Config, *, acts=None, layer=0):
     counts = np.bincount(experts.ravel(), minlength=cfg.n_experts)  # tokens per expert
     ends = np.cumsum(counts)
     gathered = x2[order // k]  # [N*k, d]: pair p's token is p // k
-    outs = np.empty_like(gathered)
+    limit = capacity(x2.shape[0], cfg)
+    taken = counts if limit is None else np.minimum(counts, limit)  # pairs each expert runs
+    outs = np.zeros_like(gathered)  # a dropped pair's output stays 0
     for e in np.flatnonzero(counts):
-        rows = slice(ends[e] - counts[e], ends[e])
+        rows = slice(ends[e] - counts[e], ends[e] - counts[e] + taken[e])
         outs[rows] = _swiglu(gathered[rows], m["w_gate"][e], m["w_up"][e], m["w_down"][e])
     per_choice = np.empty_like(outs)
     per_choice[order] = outs  # back in (token, choice) order
@@ -150,6 +169,10 @@ def moe_forward(x, m, cfg: Config, *, acts=None, layer=0):
         record(acts, layer, {"moe.router_logits": logits.reshape(B, T, -1),
                              "moe.experts": experts.reshape(B, T, k),
                              "moe.weights": weights.reshape(B, T, k)})
+        if limit is not None:
+            kept = np.empty(order.size, dtype=bool)
+            kept[order] = np.arange(order.size) < (ends - counts + taken)[experts.ravel()[order]]
+            record(acts, layer, {"moe.kept": kept.reshape(B, T, k)})
     return y.reshape(B, T, d)
 
 

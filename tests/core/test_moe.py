@@ -81,6 +81,7 @@ MOE_CASES = {
     "qwen2_moe": dict(norm_topk_prob=False, n_shared_experts=2, shared_expert_gate=True),
     "deepseek_v3": dict(router="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5,
                         n_shared_experts=1, first_dense_layers=1),
+    "capacity": dict(capacity_factor=0.75),  # some choices dropped
 }
 
 
@@ -115,10 +116,12 @@ def test_forward_records_the_chosen_experts_in_the_moe_layers(case):
     acts = ActivationRecord()
     forward(params, cfg, tokens, acts=acts)
     moe_layers = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
-    mlp_names = {f"blocks[{i}].mlp.{f}" for i in range(cfg.n_layers) for f in ("up", "gate", "hidden")}
+    mlp_names = {f"blocks[{i}].mlp.{f}" for i in range(cfg.n_layers)
+                 for f in ("up", "gate", "hidden")}
     moe_names = {f"blocks[{i}].{f}" for i in range(cfg.n_layers) for f in MOE_LAYER_FIELDS}
+    recorded = [f for f in MOE_LAYER_FIELDS if f != "moe.kept" or cfg.capacity_factor]
     assert {n for n in moe_names if n in acts} == {f"blocks[{i}].{f}" for i in moe_layers
-                                                   for f in MOE_LAYER_FIELDS}
+                                                   for f in recorded}
     assert not any(f"blocks[{i}].mlp.up" in acts for i in moe_layers)
     assert len([n for n in mlp_names if n in acts]) == 3 * (cfg.n_layers - len(moe_layers))
     for i in range(cfg.n_layers):
@@ -135,6 +138,11 @@ def test_forward_records_the_chosen_experts_in_the_moe_layers(case):
                                                          params["blocks"][i]["moe"], cfg),
                                    rtol=1e-12, atol=1e-14)
         assert len(np.unique(experts)) > 3  # the tokens do not all go the same way
+        if cfg.capacity_factor:  # some dropped, none beyond an expert's capacity
+            kept = acts.layer(i, "moe.kept")
+            from transformer_lab.moe import capacity
+            assert 0 < (~kept).sum()
+            assert np.bincount(experts[kept], minlength=E).max() == capacity(18, cfg) == 6
 
 
 @pytest.mark.parametrize("case", ["qwen2_moe", "deepseek_v3"])
@@ -177,3 +185,26 @@ def test_the_balance_loss_is_one_when_uniform_and_e_times_p_when_gathered():
     s = 1 / (1 + np.exp(-logits))
     want = 4 * (s / s.sum(-1, keepdims=True))[:, 1].mean()
     assert balance_loss(logits, np.array([[1], [1]]), sigmoid_cfg) == pytest.approx(want)
+
+
+def test_capacity_keeps_each_experts_earliest_tokens_and_drops_the_rest():
+    from transformer_lab.moe import capacity
+    cfg = llama_config(vocab=16, d_model=2, n_heads=1, n_layers=1, d_ff=4, max_seq=8,
+                       n_experts=2, experts_per_token=1, capacity_factor=1.0, dtype=np.float64)
+    assert capacity(5, cfg) == 3  # ceil(1.0 * 5 * 1 / 2)
+    # Router logits x @ I: tokens 0-3 prefer expert 0, token 4 expert 1. Expert 0 takes 3.
+    x = np.array([[[2.0, 0.0], [1.0, 0.0], [3.0, 0.0], [4.0, 0.0], [0.0, 1.0]]])
+    m = {"router": np.eye(2), "w_gate": np.ones((2, 2, 4)), "w_up": np.ones((2, 2, 4)),
+         "w_down": np.ones((2, 4, 2))}
+    acts = ActivationRecord()
+    y = moe_forward(x, m, cfg, acts=acts, layer=0)
+    assert acts.layer(0, "moe.kept")[0, :, 0].tolist() == [True, True, True, False, True]
+    assert (y[0, 3] == 0).all() and (y[0, [0, 1, 2, 4]] != 0).all()
+    np.testing.assert_allclose(y, moe_reference(x, m, cfg), rtol=1e-14)
+    assert "blocks[0].moe.kept" not in forward_record(cfg.replace(capacity_factor=None), x, m)
+
+
+def forward_record(cfg, x, m):
+    acts = ActivationRecord()
+    moe_forward(x, m, cfg, acts=acts, layer=0)
+    return acts

@@ -16,6 +16,7 @@ ROUTINGS = {
     "deepseek_v3": dict(router="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5,
                         n_shared_experts=1, first_dense_layers=1),
     "sigmoid_unnormed": dict(router="sigmoid", norm_topk_prob=False),
+    "capacity": dict(capacity_factor=0.75),  # dropped choices pass no gradient
 }
 
 
@@ -34,14 +35,17 @@ def model(case, seed=0):
     return cfg, params
 
 
-def torch_moe(torch, x, m, cfg, experts):
-    """The MoE layer in torch on x [N, d] with the choice `experts` [N, k] given."""
+def torch_moe(torch, x, m, cfg, experts, kept=None):
+    """The MoE layer in torch on x [N, d] with the choice `experts` [N, k] given (and which
+    choices are within capacity)."""
     logits = x @ m["router"]
     probs = torch.softmax(logits, -1) if cfg.router == "softmax" else torch.sigmoid(logits)
     w = torch.gather(probs, 1, experts)
     if cfg.norm_topk_prob:
         w = w / w.sum(-1, keepdim=True)
     w = w * cfg.routed_scaling_factor
+    if kept is not None:
+        w = w * kept
     y = 0
     for j in range(experts.shape[1]):
         e = experts[:, j]
@@ -73,7 +77,11 @@ def test_moe_grads_equal_torch_autograd(case):
           for k, v in m.items()}
     tx = torch.tensor(x.reshape(-1, cfg.d_model), requires_grad=True)
     experts = torch.as_tensor(acts.layer(0, "moe.experts").reshape(-1, 3))
-    y = torch_moe(torch, tx, tm, cfg, experts)
+    kept = (torch.as_tensor(acts.layer(0, "moe.kept").reshape(-1, 3))
+            if cfg.capacity_factor else None)
+    if kept is not None:
+        assert not kept.all()
+    y = torch_moe(torch, tx, tm, cfg, experts, kept)
     (y * torch.as_tensor(dy.reshape(y.shape))).sum().backward()
     np.testing.assert_allclose(dx.reshape(-1, cfg.d_model), tx.grad.numpy(), rtol=1e-10,
                                atol=1e-12)
@@ -86,7 +94,8 @@ def test_moe_grads_equal_torch_autograd(case):
 
 
 @pytest.mark.parametrize("case, coef", [("qwen2_moe", 0.0), ("deepseek_v3", 0.0),
-                                        ("mixtral", 0.5), ("deepseek_v3", 0.5)])
+                                        ("mixtral", 0.5), ("deepseek_v3", 0.5),
+                                        ("capacity", 0.0)])
 def test_loss_and_grads_of_a_moe_model_match_central_differences(case, coef):
     cfg, params = model(case)
     cfg = cfg.replace(balance_loss_coef=coef)

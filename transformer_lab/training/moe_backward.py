@@ -12,6 +12,8 @@ through them:
 dw_j = dy . E_{e_j}(x). DeepSeek's e_score_correction_bias only chooses, so its grad is
 zero (its own update, which balances the load, is not a gradient step).
 
+A choice dropped by capacity_factor added nothing, so it passes no gradient either.
+
 The experts are recomputed here from mlp_in and the recorded choice (the forward does
 not keep their hidden states, whose rows vary with the routing): the pairs sorted by
 expert as in moe_forward, one product per expert per weight.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import Config
-from ..moe import balance_loss, router_probs, sigmoid
+from ..moe import balance_loss, capacity, router_probs, sigmoid
 from ..ops import silu, silu_backward
 from ..precision import product
 
@@ -56,13 +58,15 @@ def moe_backward(dy, m, cfg: Config, acts, i, *, dbalance=0.0):
     order = np.argsort(experts.ravel(), kind="stable")
     counts = np.bincount(experts.ravel(), minlength=cfg.n_experts)
     ends = np.cumsum(counts)
+    limit = capacity(x2.shape[0], cfg)
+    taken = counts if limit is None else np.minimum(counts, limit)  # dropped pairs: no grad
     tokens = order // k
     w_sorted = weights.ravel()[order][:, None]  # [N*k, 1]
     grads = {key: np.zeros_like(m[key]) for key in ("w_gate", "w_up", "w_down")}
     dx_pairs = np.zeros((order.size, d), dtype=x.dtype)
     dweight_sorted = np.zeros(order.size, dtype=x.dtype)
     for e in np.flatnonzero(counts):
-        rows = slice(ends[e] - counts[e], ends[e])
+        rows = slice(ends[e] - counts[e], ends[e] - counts[e] + taken[e])
         xs, dys = x2[tokens[rows]], dy2[tokens[rows]]
         dx_pairs[rows], grads["w_gate"][e], grads["w_up"][e], grads["w_down"][e], out = \
             _swiglu_backward(dys * w_sorted[rows], xs, m["w_gate"][e], m["w_up"][e],
