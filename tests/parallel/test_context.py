@@ -1,7 +1,8 @@
 """Context parallel (parallel/context.py): ring attention on 1, 2 and 4 in-process ranks,
 both layouts, with and without the causal mask, GQA and MQA, equal to attention_reference
-on the whole sequence; the work per rank counted; bad layouts and shards; and the same
-under `mpiexec -n 2` where MPI is installed."""
+on the whole sequence, and the backward equal to attention_core_backward's; the work per
+rank counted; bad layouts and shards; and the same under `mpiexec -n 2` where MPI is
+installed."""
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -95,3 +96,38 @@ def test_under_mpiexec():
     out = mpi_run(2, ["tests/parallel/mpi_context_checks.py"], timeout=90)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("ring attention ok") == 2, out.stdout
+
+
+@settings(max_examples=10, derandomize=True, deadline=None)
+@given(n=st.sampled_from([1, 2, 4]), layout=st.sampled_from(["zigzag", "contiguous"]),
+       causal=st.booleans(), heads=st.sampled_from([(4, 4), (4, 2), (2, 1)]),
+       chunk=st.integers(1, 3), seed=st.integers(0, 9))
+def test_backward_equals_the_whole_sequences(n, layout, causal, heads, chunk, seed):
+    from transformer_lab.attention import attention_core_backward
+    from transformer_lab.parallel.context import ring_attention_backward
+    T = chunk * n * (2 if layout == "zigzag" else 1)
+    H, G = heads
+    q, k, v = whole_qkv(2, T, H, G, 4, seed, Dv=3 if seed % 2 else 4)
+    dout = np.random.default_rng(seed + 100).standard_normal((2, T, H * v.shape[3]))
+    want = attention_core_backward(dout, q, k, v, causal=causal)
+
+    def body(c):
+        mine = [shard_sequence(a, c.rank, c.size, layout) for a in (q, k, v, dout)]
+        out, lse = ring_attention(*mine[:3], c, layout=layout, causal=causal, return_lse=True)
+        return ring_attention_backward(mine[3], *mine[:3], out, lse, c, layout=layout,
+                                       causal=causal), c.stats
+    results = run_ranks(n, body)
+    for i, name in enumerate(("dq", "dk", "dv")):
+        got = unshard_sequence([grads[i] for grads, _ in results], layout)
+        np.testing.assert_allclose(got, want[i], rtol=0, atol=1e-12, err_msg=name)
+    for _, stats in results:  # forward N - 1, backward N - 1 with the K/V and one home
+        assert stats.get("sendrecv", {"calls": 0})["calls"] == (n - 1) + (n - 1) + (n > 1)
+
+
+def test_backward_checks_its_inputs():
+    from transformer_lab.parallel.context import ring_attention_backward
+    q, k, v = whole_qkv(1, 4, 2, 1, 4, 0)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 4\), got \(1, 4, 2\)"):
+        run_ranks(1, lambda c: ring_attention_backward(np.zeros((1, 4, 8)), q, k, v,
+                                                       np.zeros((1, 4, 8)), np.zeros((1, 4, 2)),
+                                                       c))

@@ -7,6 +7,8 @@ merge_attention), so no rank ever holds the whole sequence's K/V or T x T scores
     unshard_sequence(shards, layout)        the shards of every rank back in order
     ring_attention(q, k, v, comm, ...)      attention over the whole sequence, for this
                                             rank's queries: [B, T/N, H*Dv]
+    ring_attention_backward(dout, ...)      its (dq, dk, dv), dK and dV travelling back
+                                            around the ring with their K/V
 
 The sequence is cut in chunks. "contiguous": N chunks, rank r holds chunk r. Under the
 causal mask the last rank's queries see every chunk and the first rank's only its own:
@@ -22,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..attention import check_attention_shapes
-from ..flash import flash_attention, merge_attention
+from ..flash import flash_attention, flash_attention_backward, merge_attention
 
 LAYOUTS = ("zigzag", "contiguous")
 
@@ -79,12 +81,32 @@ def _check_shards(q, k, v, layout, causal, comm):
     return q.shape[1] // held
 
 
-def ring_attention(q, k, v, comm, layout="zigzag", causal=True, return_work=False):
+def _visible(mine, theirs, causal):
+    """(a, b, diagonal) for each of this rank's query chunks a (global index mine[a]) and
+    each key chunk b (theirs[b]) it sees: an earlier chunk whole, its own causally."""
+    return [(a, b, causal and ki == qi) for a, qi in enumerate(mine)
+            for b, ki in enumerate(theirs) if not causal or ki <= qi]
+
+
+def _pass_on(a, comm):
+    """Send a to rank r + 1 while taking rank r - 1's, which must have a's shape."""
+    r, N = comm.rank, comm.size
+    got = comm.sendrecv(a, dest=(r + 1) % N, source=(r - 1) % N)
+    if got.shape != a.shape:
+        raise ValueError(f"ring_attention: rank {(r - 1) % N}'s K/V shard has shape "
+                         f"{got.shape}, "
+                         f"rank {r}'s {a.shape}; every rank must hold an equal shard")
+    return got
+
+
+def ring_attention(q, k, v, comm, layout="zigzag", causal=True, return_lse=False,
+                   return_work=False):
     """Attention of this rank's queries over the whole sequence, equal to the rows of
     attention_reference(whole q, k, v) this rank's shard holds. q [B, L, H, D], k and
     v [B, L, G, D] and [B, L, G, Dv]: this rank's shard (shard_sequence). Returns
-    out [B, L, H*Dv], and with return_work also the (query, key) pairs this rank scored
-    (per batch row and head; pairs the causal mask hides are not computed).
+    out [B, L, H*Dv]; with return_lse also the rows' logsumexp [B, H, L] (which the
+    backward reads), with return_work also the (query, key) pairs this rank scored (per
+    batch row and head; pairs the causal mask hides are not computed).
 
     N steps: at step s this rank holds the K/V shard of rank (r - s) mod N, scores each of
     its query chunks against each key chunk they may see and merges the result into its
@@ -93,33 +115,64 @@ def ring_attention(q, k, v, comm, layout="zigzag", causal=True, return_work=Fals
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
     c = _check_shards(q, k, v, layout, causal, comm)
     r, N = comm.rank, comm.size
-    _, my_chunks = layout_chunks(layout, r, N)
+    _, mine = layout_chunks(layout, r, N)
     D = k.shape[3]
     kv = np.concatenate([k, v], axis=3)  # [B, L, G, D + Dv]: one message per step
-    merged = [None] * len(my_chunks)  # per query chunk: (out [B, c, H*Dv], lse [B, H, c])
+    merged = [None] * len(mine)  # per query chunk: (out [B, c, H*Dv], lse [B, H, c])
     work = 0
     for step in range(N):
-        source = (r - step) % N
-        for a, qi in enumerate(my_chunks):
-            qa = q[:, a * c:(a + 1) * c]
-            for b, ki in enumerate(layout_chunks(layout, source, N)[1]):
-                if causal and ki > qi:
-                    continue  # a later chunk: hidden, not computed
-                diagonal = causal and ki == qi
-                part = flash_attention(qa, kv[:, b * c:(b + 1) * c, :, :D],
-                                       kv[:, b * c:(b + 1) * c, :, D:], causal=diagonal,
-                                       return_lse=True)
-                merged[a] = part if merged[a] is None else merge_attention([merged[a], part])
-                work += c * (c + 1) // 2 if diagonal else c * c
+        theirs = layout_chunks(layout, (r - step) % N, N)[1]
+        for a, b, diagonal in _visible(mine, theirs, causal):
+            keys = kv[:, b * c:(b + 1) * c]
+            part = flash_attention(q[:, a * c:(a + 1) * c], keys[..., :D], keys[..., D:],
+                                   causal=diagonal, return_lse=True)
+            merged[a] = part if merged[a] is None else merge_attention([merged[a], part])
+            work += c * (c + 1) // 2 if diagonal else c * c
         if step < N - 1:
-            received = comm.sendrecv(kv, dest=(r + 1) % N, source=(r - 1) % N)
-            if received.shape != kv.shape:
-                raise ValueError(f"ring_attention: rank {(r - 1) % N}'s K/V shard has shape "
-                                 f"{received.shape}, rank {r}'s {kv.shape}; every rank must "
-                                 f"hold an equal shard")
-            kv = received
+            kv = _pass_on(kv, comm)
     out = np.concatenate([o for o, _ in merged], axis=1)  # [B, L, H*Dv]
-    return (out, work) if return_work else out
+    lse = np.concatenate([l for _, l in merged], axis=2)  # [B, H, L]
+    extras = ((lse,) if return_lse else ()) + ((work,) if return_work else ())
+    return (out, *extras) if extras else out
+
+
+def ring_attention_backward(dout, q, k, v, out, lse, comm, layout="zigzag", causal=True):
+    """(dq, dk, dv) of ring_attention for this rank's shards, from the output gradient dout
+    [B, L, H*Dv] and the forward's out and lse (return_lse=True); shaped as q, k and v.
+
+    The same ring: each block's gradients from flash_attention_backward with the rows'
+    whole-sequence out and lse (so each block's weights are its share of the softmax over
+    every key). dq stays here; dK and dV travel with their K/V shard, each rank adding its
+    queries' part, and after N steps one more hop takes them home."""
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    dout, out, lse = np.asarray(dout), np.asarray(out), np.asarray(lse)
+    c = _check_shards(q, k, v, layout, causal, comm)
+    B, L, H, D = q.shape
+    for name, a, shape in (("dout", dout, (B, L, H * v.shape[3])),
+                           ("out", out, (B, L, H * v.shape[3])), ("lse", lse, (B, H, L))):
+        if a.shape != shape:
+            raise ValueError(f"ring_attention_backward: {name} must have shape {shape}, "
+                             f"got {a.shape}")
+    r, N = comm.rank, comm.size
+    _, mine = layout_chunks(layout, r, N)
+    kv = np.concatenate([k, v], axis=3)  # [B, L, G, D + Dv]
+    dkv = np.zeros(kv.shape, dtype=np.result_type(kv, dout))  # travels with kv
+    dq = np.zeros(q.shape, dtype=dkv.dtype)
+    for step in range(N):
+        theirs = layout_chunks(layout, (r - step) % N, N)[1]
+        for a, b, diagonal in _visible(mine, theirs, causal):
+            rows, keys = slice(a * c, (a + 1) * c), slice(b * c, (b + 1) * c)
+            dq_a, dk_b, dv_b = flash_attention_backward(
+                dout[:, rows], q[:, rows], kv[:, keys, :, :D], kv[:, keys, :, D:],
+                out[:, rows], lse[:, :, rows], causal=diagonal)
+            dq[:, rows] += dq_a
+            dkv[:, keys] += np.concatenate([dk_b, dv_b], axis=3)
+        if step < N - 1:
+            both = _pass_on(np.concatenate([kv, dkv], axis=3), comm)
+            kv, dkv = both[..., :kv.shape[3]], both[..., kv.shape[3]:]
+    if N > 1:
+        dkv = _pass_on(dkv, comm)  # rank r - 1 holds the gradients of rank r's K/V
+    return dq, np.ascontiguousarray(dkv[..., :D]), np.ascontiguousarray(dkv[..., D:])
 
 
 def ring_work(T, size, layout="zigzag", causal=True):
