@@ -20,6 +20,19 @@ def test_matmul_weights_by_hand():
     assert matmul_weights(SMALL.replace(tie_embeddings=True)) == SMALL_WEIGHTS
 
 
+def test_a_mixture_of_experts_counts_only_the_active_experts():
+    # 2 layers, the first dense; 8 experts of I=3, k=2, one shared expert gated.
+    cfg = SMALL.replace(n_layers=2, n_experts=8, experts_per_token=2, moe_d_ff=3,
+                        n_shared_experts=1, shared_expert_gate=True, first_dense_layers=1)
+    attention, dense, head = 16 + 8 + 8 + 16, 3 * 32, 40
+    moe = 4 * 8 + 2 * 3 * 4 * 3 + 3 * 4 * 3 + 4  # router, 2 experts, the shared one, its gate
+    assert matmul_weights(cfg) == 2 * attention + dense + moe + head
+    # all 8 experts held, 2 used per token: the count is below the params' matrices
+    held = sum(a.size for name, a in named_params(init_params(cfg)) if a.ndim >= 2
+               and name != "tok_emb")
+    assert held - matmul_weights(cfg) == 6 * 3 * 4 * 3  # the 6 unused experts' matrices
+
+
 @pytest.mark.parametrize("cfg", [TINY, TINY_GPT2, TINY.replace(mlp="none")],
                          ids=["llama", "gpt2", "attention-only"])
 def test_matmul_weights_are_the_params_matrices(cfg):

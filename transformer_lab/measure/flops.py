@@ -4,7 +4,9 @@ Matrix products only, a multiply-add counted as 2 FLOPs; norms, activations, the
 softmax and the embedding lookup (a gather, not a product) are left out.
 
 - Every weight matrix costs 2 FLOPs per element per token: each block's Q, K, V, O
-  and MLP matrices, and the output head (the token table when the head is tied).
+  and MLP matrices, and the output head (the token table when the head is tied). In a
+  mixture-of-experts layer a token is multiplied by the router, its k experts (not all
+  E) and the shared experts: the active weights (choices a capacity drops still counted).
 - Attention costs 4·D FLOPs per query head for each key a query looks at:
   2·D for its q·k score and 2·D for adding that key's v to the output.
 - A training step is 3 forward passes: the backward does two products (the
@@ -20,8 +22,19 @@ def matmul_weights(cfg) -> int:
     """Elements of every weight matrix one token is multiplied by: per block Q [d, H·D],
     K and V [d, G·D], O [H·D, d] and the MLP's [d, F] matrices, then the head [d, V]."""
     d, H, G, D = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    block = d * H * D + 2 * d * G * D + H * D * d + MLP_MATRICES[cfg.mlp] * d * cfg.d_ff
-    return cfg.n_layers * block + d * cfg.vocab
+    attention = d * H * D + 2 * d * G * D + H * D * d
+    dense = MLP_MATRICES[cfg.mlp] * d * cfg.d_ff
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+    return (cfg.n_layers * attention + (cfg.n_layers - moe_layers) * dense
+            + (moe_layers * active_moe_weights(cfg) if moe_layers else 0) + d * cfg.vocab)
+
+
+def active_moe_weights(cfg) -> int:
+    """Elements of the weights one token is multiplied by in a mixture-of-experts layer: the
+    router [d, E], its k experts' three [d, I] matrices, the shared experts' and their gate."""
+    d, I = cfg.d_model, cfg.expert_d_ff
+    shared = 3 * d * cfg.n_shared_experts * I + (d if cfg.shared_expert_gate else 0)
+    return d * cfg.n_experts + cfg.experts_per_token * 3 * d * I + shared
 
 
 def attention_flops(T, S, H, D) -> int:
