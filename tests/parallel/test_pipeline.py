@@ -116,8 +116,9 @@ def _run_pipeline(cfg, p, m, kind, seed=0):
     targets[0, :3] = -1  # a prompt the loss ignores
 
     def body(c):
-        shard = pp_shard(params, cfg, c.rank, c.size)
-        return (*pipeline_loss_and_grads(shard, cfg, tokens, targets, c, m, kind), c.stats)
+        shard, held = pp_shard(params, cfg, c.rank, c.size), {}
+        loss, grads = pipeline_loss_and_grads(shard, cfg, tokens, targets, c, m, kind, held)
+        return loss, grads, dict(c.stats, held=held["peak"])
     return loss_and_grads(params, cfg, tokens, targets), run_ranks(p, body)
 
 
@@ -142,6 +143,9 @@ def test_loss_and_grads_equal_one_process(name, p, m, kind):
         # m activations sent on (but by the last stage), m grads sent back (but by the first)
         sends = m * ((s < p - 1) + (s > 0))
         assert stats.get("send", {"calls": 0})["calls"] == sends
+    # the activations held at once, measured: m for gpipe, min(p - s, m) for 1f1b
+    assert [stats["held"] for _, _, stats in stages] == \
+        peak_in_flight(pipeline_schedule(p, m, kind))
 
 
 def test_run_errors():

@@ -170,13 +170,15 @@ def pp_shard(params, cfg, rank, size):
     return shard
 
 
-def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, kind="1f1b"):
+def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, kind="1f1b",
+                            held_stats=None):
     """(loss, grads) of the whole batch, grads in this stage's layout (pp_shard), equal to
     loss_and_grads' on one process: the batch cut into micro-batches along its rows, each
     stage running its events of pipeline_schedule, an F receiving the previous stage's
     activations [b, T, d] (the first stage embeds) and sending its own on, a B receiving
     the next stage's gradient (the last stage starts from the loss) and sending its own
-    back. Every stage returns the loss."""
+    back. Every stage returns the loss. held_stats, a dict, gets "peak": the most
+    micro-batches whose activations this stage held at once, measured."""
     s, p = comm.rank, comm.size
     tokens = check_tokens(tokens, cfg)
     targets = check_targets(targets, tokens, cfg)
@@ -224,14 +226,18 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
             sent.append(comm.isend(dx, s - 1))
         return g
 
+    peak = 0
     for event, i in pipeline_schedule(p, m, kind)[s]:
         if event == "F":
             loss += forward(i)
+            peak = max(peak, len(held))
         else:
             for name, g in named_params(backward(i)):  # each micro-batch: its share of the mean
                 grads[name] = grads[name] + g if name in grads else g
     for request in sent:
         request.wait()
+    if held_stats is not None:
+        held_stats["peak"] = peak
     if cfg.tie_embeddings and p > 1 and s in (0, p - 1):  # the table's two parts, summed
         other = p - 1 - s
         grads["tok_emb"] = grads["tok_emb"] + comm.sendrecv(grads["tok_emb"], other, other)
