@@ -132,3 +132,17 @@ def test_loss_and_grads_of_a_moe_model_match_central_differences(case, coef):
         down = loss(params, cfg, tokens, targets)
         leaf[at] = old
         assert g[at] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-9), path
+
+
+def test_the_bias_update_moves_toward_the_underloaded_experts():
+    from transformer_lab.training.moe_backward import update_expert_bias
+    cfg, params = model("deepseek_v3")
+    acts = {"blocks[1].moe.experts": np.array([[[0, 1, 2], [0, 1, 3], [0, 4, 5]]])}
+    before = params["blocks"][1]["moe"]["e_score_correction_bias"].copy()
+    update_expert_bias(params, acts, cfg, rate=0.01)
+    # loads 3, 2, 1, 1, 1, 1, 0, 0 against a mean of 9/8
+    step = params["blocks"][1]["moe"]["e_score_correction_bias"] - before
+    np.testing.assert_allclose(step, 0.01 * np.array([-1, -1, 1, 1, 1, 1, 1, 1]))
+    mixtral_cfg, mixtral_params = model("mixtral")
+    with pytest.raises(ValueError, match="belongs to router='sigmoid'"):
+        update_expert_bias(mixtral_params, acts, mixtral_cfg)

@@ -142,3 +142,20 @@ def balance_loss_backward(logits, experts, cfg: Config, dloss=1.0):
 def layer_balance(acts, i, cfg: Config) -> float:
     """moe.balance_loss of block i, read from its record."""
     return balance_loss(acts.layer(i, "moe.router_logits"), acts.layer(i, "moe.experts"), cfg)
+
+
+def update_expert_bias(params, acts, cfg: Config, rate=1e-3):
+    """DeepSeek-V3's auxiliary-loss-free balancing, in place: after a step, each sigmoid-routed
+    layer's e_score_correction_bias moves by `rate` up for every expert that received fewer
+    than the mean of the token choices (acts: that step's record), down for every one that
+    received more (sign(mean - load)), so the next choices spread. Returns params."""
+    if cfg.router != "sigmoid":
+        raise ValueError(f"update_expert_bias: e_score_correction_bias belongs to "
+                         f"router='sigmoid', not {cfg.router!r}")
+    for i in range(cfg.n_layers):
+        if cfg.is_moe_layer(i):
+            load = np.bincount(np.ravel(acts[f"blocks[{i}].moe.experts"]),
+                               minlength=cfg.n_experts)
+            bias = params["blocks"][i]["moe"]["e_score_correction_bias"]
+            bias += rate * np.sign(load.mean() - load)
+    return params
