@@ -15,9 +15,9 @@ Each expert is a SwiGLU MLP. How the k are chosen and weighted is the router's:
   reads s + e_score_correction_bias, the bias a balancing term trained apart from the
   loss, and only within the best topk_group of the n_group groups of experts, each group
   scored by the sum of its two best; the other groups' experts are set to -inf, as
-  DeepSeek's reference code does (0.0 would let a group whose biased scores are all
-  negative be outranked by a masked one). The weights are the unbiased s of the chosen,
-  renormalised with norm_topk_prob, times routed_scaling_factor.
+  DeepSeek's reference code does (filled with 0.0, as older HF did, a masked expert would
+  outrank a kept one whose biased score is negative). The weights are the unbiased s of
+  the chosen, renormalised with norm_topk_prob, times routed_scaling_factor.
 
 Training may add Switch's load-balancing loss (balance_loss): with f_i the share of the
 N*k choices that went to expert i and P_i the mean router probability of expert i,
