@@ -313,7 +313,22 @@ def figures(result, lang):
         ax.set_title(f"{kind}: {t['figure_bubble']} {bubble_from(timeline):.0%}", fontsize=11)
         ax.grid(False)
     fig.suptitle(t["figure_title"].format(p=result["p"], m=result["m"]), fontsize=12)
-    return {"timeline": fig}
+
+    curve, ax = _figures.new_figure()
+    ms = [b["m"] for b in result["bubbles"]]
+    fine = np.geomspace(min(ms), max(ms), 200)
+    ax.plot(fine, [bubble_formula(result["p"], m) for m in fine], color="0.5",
+            label="(p-1)/(m+p-1)", gid="formula")
+    for kind, mark in zip(KINDS, ("o", "x")):
+        ax.plot(ms, [b[kind] for b in result["bubbles"]], mark, markersize=9,
+                label=f"{kind}, {t['figure_measured']}", gid=f"measured-{kind}")
+    ax.set_xscale("log", base=2)
+    _figures.set_ticks(ax, ms)
+    ax.set_xlabel(t["figure_m"])
+    ax.set_ylabel(t["figure_bubble"])
+    ax.set_title(t["figure_bubble_title"].format(p=result["p"]), fontsize=11)
+    ax.legend()
+    return {"timeline": fig, "bubble": curve}
 
 
 def bubble_from(timeline):
@@ -375,7 +390,8 @@ TEXT = {
         "obs_ring": "环形注意力两种布局的输出与参考实现相差至多 {worst}。因果掩码下 contiguous "
                     "布局各 rank 的工作量 max/min = {c}（接近 2N-1 = {bound}），zigzag 为 {z}："
                     "每个 rank 一早一晚两块，工作量相等。",
-        "figure_bubble": "气泡",
+        "figure_bubble": "气泡", "figure_measured": "实测", "figure_m": "微批数 m",
+        "figure_bubble_title": "气泡与 m，p = {p}：实测（时间线）与公式",
         "figure_title": "流水线时间线，p = {p}，m = {m}（蓝：前向，橙：反向，数字为微批）",
     },
     "en": {
@@ -441,7 +457,10 @@ TEXT = {
                     "layouts. Under the causal mask the contiguous layout's work per rank has "
                     "max/min = {c} (near 2N-1 = {bound}), zigzag's {z}: each rank holds an "
                     "early and a late chunk, so the work is equal.",
-        "figure_bubble": "bubble",
+        "figure_bubble": "bubble", "figure_measured": "measured",
+        "figure_m": "micro-batches m",
+        "figure_bubble_title": "The bubble against m, p = {p}: measured on the timeline, and "
+                               "the formula",
         "figure_title": "Pipeline timelines, p = {p}, m = {m} (blue forward, orange backward, "
                         "numbers the micro-batch)",
     },

@@ -114,9 +114,14 @@ def test_observations_follow_the_numbers(result):
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_the_figure_draws_both_timelines(result, tmp_path, lang):
     names = written_without_missing_glyphs(D23, result, tmp_path, lang)
-    assert names == ["23_model_parallel_timeline.png", "23_model_parallel_timeline.svg"]
+    assert names == ["23_model_parallel_bubble.png", "23_model_parallel_bubble.svg",
+                     "23_model_parallel_timeline.png", "23_model_parallel_timeline.svg"]
     import _figures
-    fig = _figures.FigureWriter(tmp_path, "en", None).make(D23, result)["timeline"]
+    made = _figures.FigureWriter(tmp_path, "en", None).make(D23, result)
+    lines = {line.get_gid(): line for line in made["bubble"].axes[0].get_lines()}
+    for kind in ("gpipe", "1f1b"):
+        assert list(lines[f"measured-{kind}"].get_ydata()) == [b[kind] for b in result["bubbles"]]
+    fig = made["timeline"]
     for ax, kind in zip(fig.axes, ("gpipe", "1f1b")):
         bars = {c.get_gid() for c in ax.collections}
         p, m = result["p"], result["m"]
