@@ -127,3 +127,4 @@ def test_smollm2_written_again_in_its_own_types_is_unchanged(tmp_path):
         assert np.array_equal(again[t.name].data.view(np.uint8), t.data.view(np.uint8)), t.name
     cfg2, _, tok2 = load_gguf(path)
     assert cfg2 == cfg and tok2.to_dict() == tok.to_dict()
+    assert tok.pad_id == 2 and tok2.pad_id == 2  # the file's padding id goes with it

@@ -207,7 +207,8 @@ def tokenizer_from_metadata(reader, path) -> BPETokenizer:
             _metadata(reader, "tokenizer.ggml.token_type", path, list, None),
             pre,
             bos_id=_metadata(reader, "tokenizer.ggml.bos_token_id", path, int, None),
-            eos_id=_metadata(reader, "tokenizer.ggml.eos_token_id", path, int, None))
+            eos_id=_metadata(reader, "tokenizer.ggml.eos_token_id", path, int, None),
+            pad_id=_metadata(reader, "tokenizer.ggml.padding_token_id", path, int, None))
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 

@@ -137,8 +137,9 @@ def llama_metadata(cfg: Config, tokenizer, *, name: str, dtype: str) -> list[tup
             ("tokenizer.ggml.token_type", ARRAY, types, INT32)]
     if merges:
         meta.append(("tokenizer.ggml.merges", ARRAY, merges, STRING))
-    # The lab's tokenizer records no padding id (a batch pads with whatever its task says).
-    for key, token_id in (("bos", tokenizer.bos_id), ("eos", tokenizer.eos_id)):
+    # The padding id is written where the tokenizer has one (it came from a GGUF file).
+    for key, token_id in (("bos", tokenizer.bos_id), ("eos", tokenizer.eos_id),
+                          ("padding", tokenizer.pad_id)):
         if token_id is not None:
             meta.append((f"tokenizer.ggml.{key}_token_id", UINT32, token_id))
     meta += [("tokenizer.ggml.add_bos_token", BOOL, False),  # the lab's prompts start bare

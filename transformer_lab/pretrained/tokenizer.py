@@ -168,7 +168,8 @@ class BPETokenizer:
     (see the module docstring); empty for a vocabulary with all 256.
     """
 
-    def __init__(self, tokens, merges, token_types=None, pre="gpt2", *, bos_id=None, eos_id=None):
+    def __init__(self, tokens, merges, token_types=None, pre="gpt2", *, bos_id=None, eos_id=None,
+                 pad_id=None):
         tokens = list(tokens)
         if not tokens:
             raise ValueError("tokenizer: the vocabulary is empty")
@@ -183,14 +184,14 @@ class BPETokenizer:
         if pre not in PRE_TOKENIZERS:
             raise ValueError(f"tokenizer: pre-tokenizer {pre!r} is not supported; "
                              f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
-        for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
             if value is not None and not (isinstance(value, int) and 0 <= value < len(tokens)):
                 raise ValueError(f"tokenizer: {name}={value!r} is not a token id in [0, {len(tokens)})")
 
         self.tokens = tokens
         self.token_types = token_types
         self.pre = pre
-        self.bos_id, self.eos_id = bos_id, eos_id
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id  # pad_id: kept for GGUF files
         self._split_words = PRE_TOKENIZERS[pre]
         self._ids = {}
         for i, tok in enumerate(tokens):
@@ -264,7 +265,7 @@ class BPETokenizer:
         merges = sorted(self._ranks.items(), key=lambda item: item[1])
         return {"tokens": list(self.tokens), "merges": [f"{a} {b}" for (a, b), _ in merges],
                 "token_types": [int(t) for t in self.token_types], "pre": self.pre,
-                "bos_id": self.bos_id, "eos_id": self.eos_id}
+                "bos_id": self.bos_id, "eos_id": self.eos_id, "pad_id": self.pad_id}
 
     @classmethod
     def from_dict(cls, data) -> "BPETokenizer":
@@ -275,7 +276,8 @@ class BPETokenizer:
         if missing:
             raise ValueError(f"tokenizer: the stored tokenizer lacks {', '.join(missing)}")
         return cls(data["tokens"], data["merges"], data["token_types"], data["pre"],
-                   bos_id=data.get("bos_id"), eos_id=data.get("eos_id"))
+                   bos_id=data.get("bos_id"), eos_id=data.get("eos_id"),
+                   pad_id=data.get("pad_id"))
 
     # ------------------------------------------------------------ queries
 
