@@ -95,6 +95,8 @@ def test_bad_sizes_and_shards():
                          0, 2)
     with pytest.raises(ValueError, match="mixture-of-experts config"):
         tensor.tp_slices(TINY.replace(n_experts=4, experts_per_token=2), 0, 2)
+    with pytest.raises(ValueError, match="qk_norm=True is not supported"):
+        tensor.tp_slices(TINY.replace(qk_norm=True), 0, 2)
     tokens = np.zeros((1, 4), dtype=np.int64)
     with pytest.raises(ValueError, match=r"shard tok_emb has shape \(32, 32\), rank \d of 4 "
                                          r"holds \(16, 32\)"):

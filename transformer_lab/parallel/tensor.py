@@ -59,9 +59,12 @@ def _plan(cfg: Config, rank, size):
     if cfg.attention == "mla":
         raise ValueError("tensor parallel splits Q/K/V by heads; attention='mla' is not "
                          "supported")
-    if getattr(cfg, "n_experts", 0):
+    if cfg.n_experts:
         raise ValueError("tensor parallel splits dense MLPs; a mixture-of-experts config "
                          f"(n_experts={cfg.n_experts}) is not supported")
+    if cfg.qk_norm:
+        raise ValueError("tensor parallel's attention has no per-head Q/K norm; a config "
+                         "with qk_norm=True is not supported")
     size = check_int(size, "tensor-parallel size", low=1)
     rank = check_int(rank, "tensor-parallel rank", low=0, high=size - 1)
     H, F = cfg.n_heads, cfg.d_ff
