@@ -85,6 +85,9 @@ def test_chat_stops_at_the_ids_the_llm_owns_offline_and_over_http():
     assert llm.chat_stop_ids == (0, 2)  # the end of turn besides the tokenizer's eos
     asked = SamplingParams(max_tokens=3, stop_token_ids=(7, 2))
     assert llm.chat_params(asked).stop_token_ids == (7, 2, 0)
+    # ignore_eos ignores the end of turn too (vLLM's eos ids), so a chat keeps its length.
+    fixed = SamplingParams(max_tokens=3, stop_token_ids=(7,), ignore_eos=True)
+    assert llm.chat_params(fixed).stop_token_ids == (7,)
     server = ApiServer(llm, port=0)  # not started: its checks are enough
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
             "stop_token_ids": [7]}

@@ -477,11 +477,15 @@ class LLM:
 
     def chat_params(self, params=None) -> SamplingParams:
         """params (SamplingParams() when None) that also stop at the end of an assistant's
-        turn: how chat() and the server's /v1/chat/completions both stop."""
+        turn: how chat() and the server's /v1/chat/completions both stop. With ignore_eos
+        the turn's end is ignored too, as vLLM ignores a model's end-of-turn eos ids, so a
+        benchmark's fixed-length chat request keeps its length."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"chat: sampling params must be a SamplingParams, got "
                              f"{type(params).__name__}")
+        if params.ignore_eos:
+            return params
         extra = tuple(t for t in self.chat_stop_ids if t not in params.stop_token_ids)
         return dataclasses.replace(params, stop_token_ids=params.stop_token_ids + extra)
 
