@@ -97,12 +97,12 @@ def sweep(comm, sizes):
     return {"rows": rows, "largest_add_s": add_s}
 
 
-def dp_run(comm, model, B, T, steps, bucket_mb=25):
+def dp_run(comm, model, B, T, steps, bucket_mb=25, overlap=True):
     """One rank of DP on the same global batches: the median step, its exposed and total
     all-reduce time, each bucket's bytes and seconds, the AdamW step's time."""
     cfg = llama_config(**model, dtype=np.float32)
     params = init_params(cfg, seed=0)
-    opt, dp = data_parallel(comm, params, 0, bucket_mb=bucket_mb, lr=1e-3)
+    opt, dp = data_parallel(comm, params, 0, bucket_mb=bucket_mb, overlap=overlap, lr=1e-3)
     opt_seconds, buckets = [], []
     inner_step, inner_iall = opt.step, comm.iall_reduce
 
@@ -192,6 +192,12 @@ def run_parallel(quick=False, *, sizes=None, dp=None, timeout=3600):
                     "two": run_on_ranks("dp", RANKS, timeout, **dp)}
     one, two = result["dp"]["one"], result["dp"]["two"]
     result["dp"]["speedup"] = one["step_s"] / two["step_s"]
+    # The same 2-rank step in other forms, side by side: the all-reduce after the backward
+    # (no helper thread competing with it for the cores), and smaller buckets.
+    result["dp"]["forms"] = [
+        {"form": label, **run_on_ranks("dp", RANKS, timeout, **dp, **change)}
+        for label, change in (("no overlap", {"overlap": False}),
+                              ("5 MiB", {"bucket_mb": 5}))]
     return result
 
 
@@ -242,17 +248,19 @@ def print_parallel(out, p):
     c = dp["config"]
     out.header(f"Data parallel, global batch {dp['B']} x {dp['T']} tokens, 1 BLAS thread per rank")
     rows = []
-    for r in (one, two):
-        rows.append([r["ranks"], _t(r["step_s"]), f"{r['tokens'] / r['step_s']:,.0f}",
+    for r in (one, two, *dp.get("forms", ())):
+        rows.append([r.get("form", "25 MiB" if r["ranks"] > 1 else "1 rank"),
+                     _t(r["step_s"]), f"{r['tokens'] / r['step_s']:,.0f}",
                      _t(r["comm_s"]), _t(r["exposed_s"]),
                      f"{r['exposed_s'] / r['step_s']:.0%}",
                      "-" if r["ranks"] == 1 else f"{r['hidden']:.0%}", len(r["buckets"])])
-    out.table(["ranks", "step", "tokens/s", "all-reduce", "exposed", "of step", "hidden",
-               "buckets"], rows,
+    out.table(["form", "step", "tok/s", "comm", "waited", "share", "hidden", "buckets"], rows,
               caption=f"d={c['d_model']}, {c['n_layers']} layers, d_ff={c['d_ff']}, vocab="
-                      f"{c['vocab']}; median of {dp['steps']} steps after a warm-up; 25 MiB "
-                      f"buckets, each all-reduced on a helper thread as the backward reaches it. "
-                      f"exposed = the time the step waited for them after its backward.")
+                      f"{c['vocab']}; median of {dp['steps']} steps after a warm-up; below the "
+                      f"first row {p['ranks']} ranks, with buckets of 25 or 5 MiB "
+                      f"all-reduced on a helper thread as the backward reaches them (no "
+                      f"overlap: after the backward). comm = the all-reduces' time, waited = "
+                      f"what the step waited for after its backward, share = waited / step.")
     cost = costs_of_scaling(dp)
     out.table(["where the 2-rank step goes beyond half of 1 rank's", "time"],
               [["half the 1-rank step (ideal)", _t(cost["ideal_s"])],
@@ -261,6 +269,10 @@ def print_parallel(out, p):
                ["+ all-reduce not hidden beyond half", _t(cost["exposed_s"])],
                ["= the 2-rank step", _t(cost["measured_s"])]])
     notes = [f"2 ranks run {dp['speedup']:.2f}x one rank's tokens/s (target >= {SPEEDUP_MIN}x)."]
+    for r in dp.get("forms", ()):
+        notes.append(f"{r['form']}{' buckets' if 'MiB' in r['form'] else ''}: "
+                     f"{one['step_s'] / r['step_s']:.2f}x one rank's tokens/s, "
+                     f"the all-reduce {_t(r['comm_s'])} ({_t(r['exposed_s'])} waited for).")
     if two["buckets"]:
         listed = ", ".join(f"{_size(n)} in {_t(s)}" for n, s in two["buckets"])
         notes.append(f"The buckets' all-reduces, in the order the backward started them: "
