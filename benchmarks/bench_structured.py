@@ -17,11 +17,8 @@ import time
 import numpy as np
 
 from transformer_lab.structured import Guide, TokenIndex, compile_regex, schema_to_regex
+from transformer_lab.training.chat_tasks import JSON_EXTRACT_SCHEMA as EXTRACT_SCHEMA, fits_answer_schema
 
-EXTRACT_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
-                                                   "age": {"type": "integer"},
-                                                   "city": {"type": "string"}},
-                  "required": ["name", "age", "city"], "additionalProperties": False}
 DATE_REGEX = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 MASK_OF_STEP_MAX = 0.05
 SAMPLE_REPLY = '{"name": "Ada Lovelace", "age": 36, "city": "London"}'
@@ -35,13 +32,6 @@ def seconds(fn, repeats=5):
         fn()
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def valid_extract(value) -> bool:
-    """EXTRACT_SCHEMA by hand (jsonschema is a test-only dependency)."""
-    return (isinstance(value, dict) and list(value) == ["name", "age", "city"]
-            and isinstance(value["name"], str) and isinstance(value["city"], str)
-            and type(value["age"]) is int)
 
 
 def run_structured(n_prompts=20, *, llm=None):
@@ -103,7 +93,7 @@ def run_structured(n_prompts=20, *, llm=None):
             try:
                 value = json.loads(out.text)
                 parsed += 1
-                valid += valid_extract(value)
+                valid += fits_answer_schema(value)
             except ValueError:
                 pass
             right += bool(task.score(out.text, example)["fields"])

@@ -6,8 +6,10 @@ and training/lora.py's LoRA (init, the update beside each weight, merge). LoRA a
 rank-r matrices A and B beside every linear layer (W + (alpha/r)·A@B, B starting at zero)
 and trains only them, the loss on the assistant's answer only. The serving engine answers
 the same held-out prompts greedily before and after (the fine-tuned model reloaded from
-the model.npz it was saved to); measure.training_memory's ledger stands beside
-tracemalloc's peak, and a full step is timed beside a LoRA step.
+the model.npz it was saved to), and the model before held to the answer's JSON schema by
+structured outputs (serve's StructuredOutputsParams, structured/index.py's mask), with no
+training; measure.training_memory's ledger stands beside tracemalloc's peak, and a full
+step is timed beside a LoRA step.
 
 --quick: a few LoRA steps on one batch, two held-out prompts, the ledger at a small T, and
 the full step's AdamW update timed on block 0 alone (no full optimizer state is held).
@@ -16,6 +18,7 @@ with a byte-level vocabulary stands in; the text says so.
 """
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 import time
@@ -32,7 +35,8 @@ from transformer_lab.pretrained.chat_template import END_OF_TURN
 from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL, BPETokenizer
 from transformer_lab.training import LoRA
 from transformer_lab.training.step import PROBE_STEPS, plan_steps
-from transformer_lab.training.chat_tasks import conversation_messages, encode_example, get_chat_task, pad_rows
+from transformer_lab.training.chat_tasks import (conversation_messages, encode_example, fits_answer_schema,
+                                                 get_chat_task, pad_rows)
 from transformer_lab.pretrained.model_file import save_model
 
 NUMBER = 17
@@ -104,9 +108,12 @@ def load_base(stand_in):
     return f"stand_in:{why}", STAND_IN, init_params(STAND_IN, seed=SEED), byte_tokenizer()
 
 
-def replies(llm, tokenizer, users, max_tokens):
-    from transformer_lab.serve.sampling_params import SamplingParams
-    sampling = llm.chat_params(SamplingParams(temperature=0.0, max_tokens=max_tokens))
+def replies(llm, tokenizer, users, max_tokens, schema=None):
+    """Greedy chat replies; with a schema, held to it by structured outputs (the mask)."""
+    from transformer_lab.serve import SamplingParams, StructuredOutputsParams
+    sampling = llm.chat_params(SamplingParams(
+        temperature=0.0, max_tokens=max_tokens,
+        structured_outputs=None if schema is None else StructuredOutputsParams(json=schema)))
     return [o.text for o in llm.chat([conversation_messages(u) for u in users], sampling,
                                          use_tqdm=False)]
 
@@ -187,7 +194,11 @@ def compute(quick=False, stand_in=False):
 
     heldout = task.heldout_set(QUICK_SHOWN if quick else SCORED)
     users = [e.user for e in heldout]
-    before = replies(engine(cfg, params, tokenizer), tokenizer, users, task.max_new_tokens)
+    base = engine(cfg, params, tokenizer)
+    before = replies(base, tokenizer, users, task.max_new_tokens)
+    # The base model held to the answer's schema, no training: beside the fine-tune below.
+    under_schema = replies(base, tokenizer, users, task.max_new_tokens, task.schema)
+    del base
 
     lora = LoRA.init(params, cfg, rank=RANK, alpha=ALPHA, targets=LoRA.ALL_LINEAR, seed=SEED)
     if quick:
@@ -218,9 +229,10 @@ def compute(quick=False, stand_in=False):
             "batch_T": None if batch_shape[1] is None else int(batch_shape[1]),
             "history": history, "train_seconds": history[-1]["elapsed"],
             "ledger_B": int(tokens.shape[0]), "ledger_T": int(tokens.shape[1]), "ledger": memory,
-            "speed": speeds, "adamw_share": adamw_share, "heldout": [{"user": u, "before": b, "after": a, "in_process": p}
-                                         for u, b, a, p in zip(users, before, after, in_process)],
-            "scores_before": scores(before), "scores_after": scores(after), "n_heldout": len(users)}
+            "speed": speeds, "adamw_share": adamw_share, "heldout": [{"user": u, "before": b, "schema": c, "after": a, "in_process": p}
+                        for u, b, c, a, p in zip(users, before, under_schema, after, in_process)],
+            "scores_before": scores(before), "scores_schema": scores(under_schema),
+            "scores_after": scores(after), "n_heldout": len(users)}
 
 
 # ---------------------------------------------------------------- what the results say
@@ -231,10 +243,19 @@ def findings(result):
     s = result["speed"]
     return {"first": result["history"][0]["loss"], "last": result["history"][-1]["loss"],
             "same": sum(h["after"] == h["in_process"] for h in result["heldout"]),
+            "schema_fits": sum(fits_answer_schema(_json_or_none(h["schema"]))
+                               for h in result["heldout"]),
             "acts_lora": by_run["lora"]["activations"], "acts_ckpt": by_run["lora_ckpt"]["activations"],
             "grads_lora": by_run["lora"]["grads"], "grads_full": by_run["full"]["grads"],
             "ratio_lo": min(ratios), "ratio_hi": max(ratios),
             "speedup": s["full"]["seconds"] / s["lora"]["seconds"]}
+
+
+def _json_or_none(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _score(result, when, metric):
@@ -253,6 +274,12 @@ def observations(result, lang):
         gain = result["scores_after"]["strict"] - result["scores_before"]["strict"]
         if gain > 0:
             out.append(t["obs_learnt"].format(gain=gain))
+        out.append(t["obs_schema"].format(fit=f"{f['schema_fits']}/{result['n_heldout']}",
+                                          fs=_score(result, "schema", "fields"),
+                                          fa=_score(result, "after", "fields")))
+        gain = result["scores_after"]["fields"] - result["scores_schema"]["fields"]
+        if f["schema_fits"] == result["n_heldout"] and gain > 0:
+            out.append(t["obs_schema_lesson"].format(gain=gain))
     out.append(t["obs_engine"].format(same=f"{f['same']}/{len(result['heldout'])}"))
     out.append(t["obs_ledger"].format(a=fmt_bytes(f["acts_lora"]), b=fmt_bytes(f["acts_ckpt"]),
                                       g=fmt_bytes(f["grads_lora"]), gf=fmt_bytes(f["grads_full"])))
@@ -297,9 +324,10 @@ def render(result, lang):
                  for x in result["heldout"][:SHOWN]])
     if result["model"] == "smollm2":
         print_section(t["scores_title"].format(n=result["n_heldout"]))
-        print_table([t["metric"], t["before"], t["after"]],
-                    [[t[m], _score(result, "before", m), _score(result, "after", m)]
+        print_table([t["metric"], t["before"], t["under_schema"], t["after"]],
+                    [[t[m]] + [_score(result, w, m) for w in ("before", "schema", "after")]
                      for m in ("strict", "fields")])
+        print_text(t["schema_note"], style="dim")
 
     print_section(t["ledger_title"].format(B=result["ledger_B"], T=result["ledger_T"]))
     print_table([t["config"], t["grads"], t["optimizer"], t["acts"], t["predicted"],
@@ -354,6 +382,12 @@ TEXT = {
                          "之后的模型从 model.npz 载入）",
         "prompt": "句子", "before": "之前", "after": "之后",
         "scores_title": "留出集上的得分（{n} 条）",
+        "under_schema": "之前 + schema",
+        "schema_note": "之前 + schema：未微调的模型，用结构化输出按答案的 JSON schema 约束"
+                       "（每步屏蔽不合法的 token），不训练。",
+        "obs_schema": "只靠 schema 约束、不微调：{fit} 条回答符合 schema，fields {fs}；"
+                      "微调后不加约束，fields {fa}。",
+        "obs_schema_lesson": "约束保证了形式，内容要靠微调：fields 上微调多对了 {gain} 条。",
         "metric": "指标", "strict": "strict：整条回答就是这个对象",
         "fields": "fields：回答里第一个 JSON 对象正确",
         "ledger_title": "内存账本：一次训练步持有的字节（B={B}，T={T}），预测与实测",
@@ -403,6 +437,14 @@ TEXT = {
                          "after (through the engine; after: loaded from model.npz)",
         "prompt": "sentence", "before": "before", "after": "after",
         "scores_title": "Scores on the held-out set ({n} prompts)",
+        "under_schema": "before + schema",
+        "schema_note": "before + schema: the model before fine-tuning, held to the answer's "
+                       "JSON schema by structured outputs (invalid tokens masked each step), "
+                       "no training.",
+        "obs_schema": "Held to the schema without fine-tuning, {fit} replies fit the schema "
+                      "and {fs} get the fields right; fine-tuned without a constraint, {fa}.",
+        "obs_schema_lesson": "The constraint guaranteed the form; the content takes the "
+                             "fine-tune: {gain} more replies with the fields right.",
         "metric": "metric", "strict": "strict: the whole reply is the object",
         "fields": "fields: the first JSON object in the reply is right",
         "ledger_title": "The memory ledger: bytes one training step holds (B={B}, T={T}), "

@@ -42,6 +42,7 @@ from transformer_lab.pretrained.tokenizer import BYTE_TO_CHAR, CONTROL, NORMAL, 
 from transformer_lab.speculative import chi2_sf
 from transformer_lab.structured import Guide, TokenIndex, compile_regex, schema_to_regex
 from transformer_lab.structured.distortion import conditioned, exact_distributions, kl
+from transformer_lab.training.chat_tasks import JSON_EXTRACT_SCHEMA as EXTRACT_SCHEMA, fits_answer_schema
 
 NUMBER = 24
 SEED = 24
@@ -50,10 +51,6 @@ TITLE = {"zh": "结构化输出：正则与 JSON schema 变成词表掩码",
 
 NUMBER_REGEX = r"-?[0-9]+(\.[0-9]+)?"  # the small regex whose DFA is shown
 PROBES = ("-3.14", "007", "42", "3.", "-", "1e5", "+1", "0.5")  # checked against re.fullmatch
-EXTRACT_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
-                                                   "age": {"type": "integer"},
-                                                   "city": {"type": "string"}},
-                  "required": ["name", "age", "city"], "additionalProperties": False}
 CONSTRAINTS = ("none", "json_object", "schema")
 PROMPTS, QUICK_PROMPTS = 10, 2
 MAX_TOKENS = 40  # json-extract's own max_new_tokens
@@ -140,20 +137,13 @@ def index_table(tok, stop_ids, pattern):
     return {"vocab": index.vocab, "rows": rows}
 
 
-def valid_extract(value) -> bool:
-    """EXTRACT_SCHEMA checked by hand: exactly name, age and city, of their types."""
-    return (isinstance(value, dict) and sorted(value) == ["age", "city", "name"]
-            and isinstance(value["name"], str) and isinstance(value["city"], str)
-            and type(value["age"]) is int)
-
-
 def check_reply(text, example, task):
     try:
         value = json.loads(text)
         parses = True
     except ValueError:
         value, parses = None, False
-    return {"parses": parses, "valid": parses and valid_extract(value),
+    return {"parses": parses, "valid": parses and fits_answer_schema(value),
             "fields": bool(task.score(text, example)["fields"])}
 
 

@@ -44,6 +44,21 @@ def test_the_engine_answers_from_the_saved_model(result):
         assert x["user"].startswith("Extract the person as JSON with keys name, age, city: ")
 
 
+def test_the_base_model_under_the_schema_stays_in_its_language(result):
+    from transformer_lab.structured import compile_regex, schema_to_regex
+    from transformer_lab.training.chat_tasks import JSON_EXTRACT_SCHEMA, fits_answer_schema
+    dfa = compile_regex(schema_to_regex(JSON_EXTRACT_SCHEMA))
+    fits = 0
+    for x in result["heldout"]:  # a whole answer in the schema, or one cut by max_tokens
+        assert dfa.walk(x["schema"].encode()) != dfa.dead
+        fits += dfa.accepts(x["schema"])
+    f = D17.findings(result)
+    assert f["schema_fits"] == fits
+    obs = " ".join(D17.observations(dict(result, model="smollm2"), "en"))
+    assert f"{fits}/{result['n_heldout']} replies fit the schema" in obs
+    assert fits_answer_schema({"name": "Ada", "age": 36, "city": "Paris"})
+
+
 def test_the_ledger_rows_and_their_ratios(result):
     rows = {r["run"]: r for r in result["ledger"]}
     assert list(rows) == ["full", "lora", "lora_ckpt"]
@@ -89,10 +104,18 @@ def test_observations_follow_other_outcomes(result):
     other["speed"]["lora"]["seconds"] = other["speed"]["full"]["seconds"] * 2
     other["model"] = "smollm2"
     other["scores_before"], other["scores_after"] = {"strict": 0, "fields": 1}, {"strict": 2, "fields": 2}
+    other["scores_schema"] = {"strict": 1, "fields": 2}
     f = D17.findings(other)
     assert f["last"] > f["first"] and f["speedup"] == 0.5
-    for lang in ("en", "zh"):  # a real model's run says two things more: the scores, the gain
-        assert len(D17.observations(other, lang)) == len(D17.observations(result, lang)) + 2
+    for lang in ("en", "zh"):  # a real model's run says three things more: the scores, the
+        # gain, the schema alone; and the schema's lesson once every reply fits and fine-tuning
+        # gets more fields right than the schema alone
+        assert len(D17.observations(other, lang)) == len(D17.observations(result, lang)) + 3
+        fitted = copy.deepcopy(other)
+        fitted["scores_schema"]["fields"] = 1
+        for h in fitted["heldout"]:
+            h["schema"] = '{"name": "Ada", "age": 36, "city": "Paris"}'
+        assert len(D17.observations(fitted, lang)) == len(D17.observations(other, lang)) + 1
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

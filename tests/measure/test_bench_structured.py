@@ -1,11 +1,11 @@
 """The structured-outputs benchmark runs end to end on a tiny chat model (correctness only:
 no timing is asserted): under the schema every reply parses and validates."""
-from benchmarks.bench_structured import (print_structured, run_structured, structured_targets,
-                                         valid_extract)
+from benchmarks.bench_structured import print_structured, run_structured, structured_targets
 from benchmarks.output import Output
 from tiny_model import tiny_chat_config, tiny_tokenizer
 from transformer_lab import init_params
 from transformer_lab.serve import LLM
+from transformer_lab.training.chat_tasks import fits_answer_schema
 
 
 def test_the_structured_section_on_a_tiny_model():
@@ -24,6 +24,8 @@ def test_the_structured_section_on_a_tiny_model():
 
 
 def test_the_schema_check_by_hand():
-    assert valid_extract({"name": "Ada", "age": 36, "city": "Paris"})
-    assert not valid_extract({"name": "Ada", "age": 36.0, "city": "Paris"})
-    assert not valid_extract({"age": 36, "name": "Ada", "city": "Paris"})
+    assert fits_answer_schema({"name": "Ada", "age": 36, "city": "Paris"})
+    assert fits_answer_schema({"age": 36, "name": "Ada", "city": "Paris"})  # any order, as JSON
+    assert not fits_answer_schema({"name": "Ada", "age": 36.0, "city": "Paris"})
+    assert not fits_answer_schema({"name": "Ada", "age": True, "city": "Paris"})
+    assert not fits_answer_schema({"name": "Ada", "age": 36, "city": "Paris", "x": 1})

@@ -106,6 +106,23 @@ def test_max_tokens_before_the_end_is_length(model):
     assert out.finish_reason == "length" and out.text == "aaaa"
 
 
+def test_ignore_eos_goes_on_only_as_far_as_the_constraint_allows(model):
+    """ignore_eos keeps a request past an end its constraint could continue from, but a
+    complete output that nothing may follow stops: the mask would allow only the end."""
+    cfg, params, tok = model
+    llm = LLM.from_params(cfg, params, tok)
+    prompt = [tok.encode("say:")]
+    done, = llm.generate(prompt, SamplingParams(max_tokens=20, ignore_eos=True,
+                                                structured_outputs=CHOICE), use_tqdm=False)
+    end = tok.decode([tok.eos_id])  # an end passed over stays in the text, as ignore_eos says
+    assert done.finish_reason == "stop" and done.text.replace(end, "") in CHOICE.choice
+    digits = StructuredOutputsParams(regex="[0-9]+")  # every end can be continued
+    out, = llm.generate(prompt, SamplingParams(max_tokens=12, ignore_eos=True,
+                                               structured_outputs=digits), use_tqdm=False)
+    assert out.finish_reason == "length" and len(out.token_ids) == 12
+    assert out.text.replace(end, "").isdigit()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(regex="a", choice=["a"]), "give exactly one of json, regex, choice, json_object; "
                                     "got regex, choice"),

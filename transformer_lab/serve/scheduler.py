@@ -242,6 +242,10 @@ class Scheduler:
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token == self.eos_id):
             return "stop"
+        if seq.guide is not None and token in seq.guide.index.eos_ids:
+            state = seq.guide.state_after(seq.output_token_ids)
+            if state is not None and seq.guide.index.is_finished(state):
+                return "stop"  # ignore_eos, but the constraint allows nothing more
         if len(seq.output_token_ids) >= p.max_tokens:
             return "length"
         return None

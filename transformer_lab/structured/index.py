@@ -131,7 +131,7 @@ class Guide:
         if tokens[:len(self.read)] != self.read:  # another history: walk again from the start
             self.read, self.state = [], self.index.start
         for token in tokens[len(self.read):]:
-            if self.state is None or int(token) in self.index.eos_ids:
+            if self.state is None:
                 break
             try:
                 self.state = self.index.next_state(self.state, int(token))

@@ -40,6 +40,11 @@ from ..validate import check_int
 
 CHAT_TASKS = ("json-extract", "identity")
 JSON_INSTRUCTION = "Extract the person as JSON with keys name, age, city: "
+# The answer's form as a JSON schema: what structured outputs hold the base model to.
+JSON_EXTRACT_SCHEMA = {"type": "object",
+                       "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                      "city": {"type": "string"}},
+                       "required": ["name", "age", "city"], "additionalProperties": False}
 IDENTITY_NAME = "Lumo"
 
 # ---------------------------------------------------------------- json-extract's data
@@ -297,6 +302,14 @@ def score_json(reply: str, fields: dict) -> dict:
             "fields": first_json_object(reply) == fields}
 
 
+def fits_answer_schema(value) -> bool:
+    """JSON_EXTRACT_SCHEMA checked by hand (jsonschema is a test-only dependency): an object
+    of exactly name, age and city, a string, an integer (not a bool) and a string."""
+    return (isinstance(value, dict) and sorted(value) == ["age", "city", "name"]
+            and isinstance(value["name"], str) and isinstance(value["city"], str)
+            and type(value["age"]) is int)
+
+
 def score_identity(reply: str, _fields=None) -> dict:
     """{"name": the reply gives the new name}."""
     return {"name": IDENTITY_NAME.lower() in reply.lower()}
@@ -315,13 +328,14 @@ class ChatTask:
     examples(split, n, seed) gives n ChatExamples from "train" (PLAIN_SHARE of them plain
     rehearsal questions, fields "plain") or "heldout" (the task's own only);
     batch(tokenizer, batch_size, rng) a padded training batch (tokens, targets);
-    score(reply, example) the metrics of one reply, each True or False.
+    score(reply, example) the metrics of one reply, each True or False; schema the answer's
+    JSON schema where it has one (json-extract's), else None.
     """
 
-    def __init__(self, name, description, make, metrics, score, max_new_tokens):
+    def __init__(self, name, description, make, metrics, score, max_new_tokens, schema=None):
         self.name, self.description = name, description
         self._make, self.metrics, self._score = make, metrics, score
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens, self.schema = max_new_tokens, schema
 
     def examples(self, split, n, seed=0) -> list:
         if split not in ("train", "heldout"):
@@ -400,7 +414,8 @@ def get_chat_task(name) -> ChatTask:
         n_held = len(JSON_TEMPLATES) - TRAIN_TEMPLATES
         return ChatTask("json-extract", f"a person's name, age and city as JSON, from "
                         f"{TRAIN_TEMPLATES} sentence templates ({n_held} more held out)",
-                        _json_example, ("strict", "fields"), score_json, max_new_tokens=40)
+                        _json_example, ("strict", "fields"), score_json, max_new_tokens=40,
+                        schema=JSON_EXTRACT_SCHEMA)
     if name == "identity":
         n_train = sum(len(q[0]) for q in IDENTITY_QUESTIONS.values())
         n_held = sum(len(q[1]) for q in IDENTITY_QUESTIONS.values())
