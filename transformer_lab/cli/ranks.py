@@ -1,7 +1,9 @@
-"""Data parallel from the training commands: --dp N under mpiexec, --zero S, --ranks N.
+"""Data parallel from the training commands: --dp N under mpiexec, --zero S, --ranks N;
+and the grid, --tp N and --pp N (parallel/grid.py), from scratch.
 
     mpiexec -n 2 python -m transformer_lab.train --task addition --dp 2
     python -m transformer_lab.train --task addition --ranks 2 --zero 1   # starts mpiexec
+    mpiexec -n 4 python -m transformer_lab.train --task addition --tp 2 --pp 2
 
 Every rank runs the whole command. It draws the same global batch from the same seed as
 one process and keeps its rows (parallel.data.DataParallel); the ranks' grads, weighted
@@ -13,6 +15,10 @@ agreed on every step, so that every rank takes the same steps: whether any rank 
 to stop (a Ctrl-C reaches them at different moments) and the clock (rank 0's, for
 --minutes). An exception in any rank, a second Ctrl-C included, prints one line and ends
 every rank (parallel.ending_all_ranks): none is left waiting for it.
+
+With --tp/--pp every rank builds the same whole model, keeps its shard (shard_model) and
+lets the whole go; the replicas are the ranks / (tp x pp), each drawing its rows of the
+global batch as data parallel does. Rank 0 gathers the shards for the files.
 """
 from __future__ import annotations
 
@@ -21,9 +27,11 @@ import os
 import numpy as np
 
 from ..measure import set_blas_threads
+from ..params import named_params
 from ..parallel import ending_all_ranks, launch, single, world
 from ..parallel.comm import launched_rank, launched_size, split_sizes
 from ..parallel.data import data_parallel
+from ..parallel.grid import Grid, GridAdamW, check_grid, check_model
 from ..parallel.zero import STAGES, ZeroAdamW
 from ..training.optim import AdamW
 from . import int_at_least
@@ -45,8 +53,16 @@ def add_options(parser):
                         "ranks, 2 the grads too, 3 the params too (default 0: each rank "
                         "holds everything)")
     g.add_argument("--ranks", metavar="N", type=int_at_least(1),
-                   help="start N ranks of this same command with --dp N, under the mpiexec "
-                        "installed beside this Python")
+                   help="start N ranks of this same command with --dp N (with --tp/--pp: "
+                        "N / (tp x pp) replicas), under the mpiexec installed beside this "
+                        "Python")
+    g.add_argument("--tp", metavar="N", type=int_at_least(1),
+                   help="tensor parallel over N ranks (Megatron's split; N divides the heads "
+                        "and the MLP width): each rank holds 1/N of every block's matrices")
+    g.add_argument("--pp", metavar="N", type=int_at_least(1),
+                   help="pipeline parallel over N stages (1f1b over --micro-batches; at most "
+                        "the layers). The data-parallel size is the ranks / (tp x pp); a tp "
+                        "group is neighbouring ranks, then the stages, then the replicas")
 
 
 def quiet_unless_rank_0(parser):
@@ -60,6 +76,9 @@ def resolve(args, parser):
     and args.relaunch (N: start N ranks of this command, else None)."""
     size, n = launched_size(), args.ranks
     args.relaunch = None
+    args.tp, args.pp = args.tp or 1, args.pp or 1
+    if args.tp * args.pp > 1:
+        return _resolve_grid(args, parser, size, n)
     if n is not None:
         if args.dp is not None and args.dp != n:
             parser.usage_error(f"--ranks {n} starts {n} ranks with --dp {n}; --dp {args.dp} "
@@ -93,6 +112,45 @@ def resolve(args, parser):
     return args
 
 
+def _resolve_grid(args, parser, size, n):
+    """resolve() with --tp or --pp: the world is mpiexec's ranks (or --ranks N), the
+    data-parallel size world / (tp x pp), --dp (if given) must be it."""
+    tp, pp = args.tp, args.pp
+    what = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
+    if args.init is not None:
+        parser.usage_error(f"{what} trains a model from scratch; --init fine-tunes with --dp "
+                           f"only")
+    if args.zero is not None:
+        parser.usage_error(f"--zero {args.zero} shards AdamW over replicas of the whole model; "
+                           f"with {what} each rank's AdamW already holds only its shard")
+    if n is not None and size > 1 and os.environ.get(RELAUNCHED) != str(n):
+        parser.usage_error(f"--ranks starts mpiexec itself; under mpiexec -n {size} give "
+                           f"{what} alone")
+    missing = launch.missing_mpi()
+    if missing is not None:
+        parser.usage_error(f"{what}: {missing}")
+    world = n if n is not None else size
+    if world == 1:
+        k = tp * pp * (args.dp or 1)
+        parser.usage_error(f"{what} runs one rank per process: start them with mpiexec -n {k} "
+                           f"python -m transformer_lab.train ... {what}, or give --ranks {k}")
+    try:
+        dp = check_grid(world, tp, pp)
+        if not args.resume:  # the model of the options (make_config's d_ff = 4 d_model)
+            check_model(args.heads, 4 * args.d_model, args.layers, tp, pp)
+    except ValueError as exc:
+        parser.usage_error(f"{what}: {exc}")
+    if args.dp is not None and args.dp != dp:
+        parser.usage_error(f"--dp {args.dp} does not match the grid: {world} ranks over {what} "
+                           f"give --dp {dp}")
+    if args.precision != "fp32":
+        parser.usage_error(f"--precision {args.precision} does not combine with {what}: the "
+                           f"grid trains in fp32")
+    args.dp, args.zero = dp, 0
+    args.relaunch = n if n is not None and size == 1 else None
+    return args
+
+
 def check_run(parser, dp, *, batch, micro_batches=1, precision="fp32", lora=None, zero=0):
     """The run's options that data parallel cannot take, each a one-line usage error."""
     if not dp:
@@ -121,9 +179,10 @@ class Ranks:
     """This process's part in the run: rank r of N with --dp N, else rank 0 of 1 running
     exactly the one-process code (no grad_sync, AdamW)."""
 
-    def __init__(self, dp=None, zero=0):
-        self.dp, self.zero = dp, zero
-        self.comm = world() if dp and dp > 1 else single()
+    def __init__(self, dp=None, zero=0, tp=1, pp=1):
+        self.dp, self.zero, self.tp, self.pp = dp, zero, tp, pp
+        self.grid = None  # with --tp/--pp: parallel.grid.Grid, made by shard_model
+        self.comm = world() if dp and dp * tp * pp > 1 else single()
         self.rank, self.size = self.comm.rank, self.comm.size
         self.root = self.rank == 0
 
@@ -147,9 +206,28 @@ class Ranks:
     def optimizer(self, trainable, **adamw):
         """(opt, grad_sync): AdamW and None without --dp; with it, rank 0's params broadcast
         to every rank, then AdamW or ZeroAdamW(stage), and the DataParallel train_step takes."""
-        if not self.dp:
+        if not self.dp or self.tp * self.pp > 1:  # the grid: shard_model cuts this AdamW
             return AdamW(trainable, **adamw), None
         return data_parallel(self.comm, trainable, self.zero, **adamw)
+
+    def shard_model(self, params, cfg, opt, sync, parser):
+        """(params, opt, grad_sync) as they were, or with --tp/--pp this rank's shard of the
+        whole params (every rank built the same whole from the seed or the checkpoint),
+        GridAdamW on it with opt's state cut to the shard, and the Grid. The whole is let
+        go by the caller, who keeps only what this returns."""
+        if self.tp * self.pp == 1:
+            return params, opt, sync
+        try:
+            self.grid = Grid(self.comm, cfg, self.tp, self.pp)
+        except ValueError as exc:  # a checkpoint's model that the grid cannot cut
+            parser.usage_error(f"--tp {self.tp} --pp {self.pp}: {exc}")
+        shard = self.grid.shard_params(params)
+        sharded = GridAdamW(shard, self.grid)
+        sharded.load_state_dict(opt.state_dict())
+        mine = sum(a.nbytes for _, a in named_params(shard))
+        self.param_bytes = [int(b) for b in self.comm.all_gather(np.array([mine]))]
+        self.whole_bytes = sum(a.nbytes for _, a in named_params(params))
+        return shard, sharded, self.grid
 
     def stop(self, interrupted):
         """The loop's stop: Interrupted itself in one process, agreed over the ranks with --dp."""
@@ -158,7 +236,7 @@ class Ranks:
     def whole(self, opt, params):
         """The params whole, for saving and sampling (ZeRO-3 all-gathers them: every rank
         calls this)."""
-        return opt.full_params() if isinstance(opt, ZeroAdamW) else params
+        return opt.full_params() if isinstance(opt, (ZeroAdamW, GridAdamW)) else params
 
     def wait_for_rank_0(self):
         """Where rank 0 works alone (scoring the base model): the others sleep until it is
@@ -167,7 +245,10 @@ class Ranks:
             self.comm.idle_barrier()
 
     def describe(self, batch) -> str:
-        """The run's data-parallel line: the ranks, each one's rows, the ZeRO stage."""
+        """The run's data-parallel line: the ranks, each one's rows, the ZeRO stage; with
+        --tp/--pp the grid's lines, each rank's parameter bytes beside the whole's."""
+        if self.grid is not None:
+            return self._describe_grid(batch)
         rows = split_sizes(batch, self.size)
         shares = f"{rows[0]} rows each" if len(set(rows)) == 1 else \
             f"{rows[-1]} to {rows[0]} rows each (uneven; the average weighted by tokens)"
@@ -175,6 +256,17 @@ class Ranks:
                 2: "; ZeRO-2: AdamW's moments and the grads sharded",
                 3: "; ZeRO-3: the moments, grads and params sharded"}[self.zero]
         return f"data parallel: {self.size} ranks, {shares} of the batch of {batch}{zero}"
+
+
+    def _describe_grid(self, batch):
+        g, rows = self.grid, split_sizes(batch, self.grid.dp)
+        shares = f"{rows[0]} rows" if len(set(rows)) == 1 else f"{rows[-1]} to {rows[0]} rows"
+        parts = self.tp * self.pp
+        stages = f"; the {self.pp} stages run 1f1b" if self.pp > 1 else ""
+        return (f"grid: {g.describe()}, tp innermost; each replica {shares} of the "
+                f"batch of {batch}{stages}\n"
+                f"params per rank: {' '.join(f'{b:,}' for b in self.param_bytes)} bytes "
+                f"(whole {self.whole_bytes:,}; 1/{parts}: {self.whole_bytes // parts:,})")
 
 
 class AgreedStop:

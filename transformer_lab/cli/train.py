@@ -35,7 +35,9 @@ saves the model trained so far (every file is written atomically).
 Data parallel (cli/ranks.py): `mpiexec -n 2 python -m transformer_lab.train ... --dp 2`
 runs the same steps on 2 ranks, each on its share of every batch's rows, --zero 1|2|3
 shards the optimizer state, the grads and the params over them, and --ranks 2 starts the
-mpiexec itself. Rank 0 prints and writes the same files as one process.
+mpiexec itself. Rank 0 prints and writes the same files as one process. --tp N and --pp N
+(parallel/grid.py) add tensor and pipeline parallel, each rank holding only its shard;
+--micro-batches N accumulates grads, and feeds a pipeline's schedule.
 
 Exit codes: 0 done, 1 a data file or checkpoint could not be read or the loss
 became non-finite (or, under --dp, a rank failed), 2 bad command-line options (or an
@@ -86,7 +88,7 @@ FINETUNE = dict(steps=100, batch=8, lr_lora=2e-3, lr_full=3e-5, weight_decay=0.0
 # Options of the from-scratch models, which a pretrained model already fixes, and back.
 SCRATCH_ONLY = ("data", "digits", "seq", "arch", "d_model", "layers", "heads", "resume",
                 "quick", "samples", "save_every", "precision")
-FINETUNE_ONLY = ("lora", "lora_alpha", "checkpoint", "minutes", "micro_batches", "eval", "gguf")
+FINETUNE_ONLY = ("lora", "lora_alpha", "checkpoint", "minutes", "eval", "gguf")
 # On --resume the model and its data are the checkpoint's; the training options may change.
 FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed", "precision")
 CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
@@ -261,6 +263,9 @@ def resolve(args, parser, given=frozenset()):
     if args.arch == "llama" and (args.d_model // args.heads) % 2:
         parser.usage_error(f"--arch llama (RoPE) needs an even head size; --d-model "
                            f"{args.d_model} / --heads {args.heads} = {args.d_model // args.heads}")
+    if args.micro_batches > args.batch:
+        parser.usage_error(f"--micro-batches ({args.micro_batches}) must not exceed --batch "
+                           f"({args.batch})")
     if args.warmup is None:
         args.warmup = args.steps // 10
     return _resolve_schedule(args, parser)
@@ -419,6 +424,7 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
         precision.scaler.load_state_dict(extra["loss_scaler"])
     total = run_opts["steps"]
     n_params = sum(a.size for _, a in named_params(params))
+    params, opt, sync = ranks.shard_model(params, cfg, opt, sync, parser)  # --tp/--pp: a shard
     threads = args.threads or (1 if cfg.d_model < MANY_THREADS_FROM else ranks.blas_threads())
     if threads is not None:
         set_blas_threads(threads)
@@ -447,7 +453,7 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
                                               min_lr=run_opts["min_lr"]),
                 step=step, total=total, progress=progress, stop=stop, history=history,
                 after_step=save_every, clip=run_opts["clip"], grad_sync=sync,
-                precision=precision)
+                precision=precision, micro_batches=args.micro_batches)
             if not ok:
                 return 1
             # Still inside Interrupted: a Ctrl-C now waits for the save to finish.
@@ -495,7 +501,7 @@ def main(argv=None) -> int:
     if args.relaunch:
         return relaunch(args.relaunch, argv)
     try:
-        ranks = Ranks(args.dp, args.zero)
+        ranks = Ranks(args.dp, args.zero, args.tp, args.pp)
         with ranks.ending():
             if args.init is not None:
                 return run_finetune(args, parser, ranks)

@@ -33,7 +33,9 @@ def train_step(params, cfg: Config, opt, tokens, targets, *, clip=1.0, precision
     supervised count to divide by, where each unit's finished grads go (their all-reduce
     starts there) and, for ZeRO-3, where block params come from; grad_sync.finish waits for
     the reductions, sums the ranks' losses and leaves the summed grads in place; with ZeRO,
-    grad_sync.step clips by the global norm and updates this rank's parts.
+    grad_sync.step clips by the global norm and updates this rank's parts. A grad_sync
+    with loss_and_grads (parallel.grid.Grid: tensor and pipeline parallel) computes this
+    rank's loss and grads itself, from params, its shard of the model.
     """
     micro_batches = check_int(micro_batches, "train_step: micro_batches", low=1)
     tokens, targets = np.asarray(tokens), np.asarray(targets)
@@ -47,7 +49,9 @@ def train_step(params, cfg: Config, opt, tokens, targets, *, clip=1.0, precision
     if low and grad_sync is not None:
         raise ValueError("train_step: data parallel (grad_sync=) runs float32; it does not "
                          "combine with precision=")
-    if not low:
+    if not low and hasattr(grad_sync, "loss_and_grads"):  # parallel.grid runs the model
+        loss, grads = grad_sync.loss_and_grads(params, cfg, tokens, targets, micro_batches)
+    elif not low:
         parts = zip(np.array_split(tokens, micro_batches), np.array_split(targets, micro_batches))
         hooks = {} if grad_sync is None else grad_sync.hooks(targets)
         loss, grads = accumulate_grads(params, cfg, parts, lora=lora, checkpoint=checkpoint,
