@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from transformer_lab import init_params, llama_config, named_params
-from transformer_lab.measure import blas_threads
+from transformer_lab.measure import best_time, blas_threads
 from transformer_lab.parallel import run_ranks, world
 from transformer_lab.parallel.data import data_parallel
 from transformer_lab.parallel.launch import find_mpiexec, missing_mpi
@@ -45,22 +45,11 @@ DP_BATCH = dict(B=8, T=128, steps=4)
 QUICK_DP = dict(model=dict(DP_MODEL, n_layers=2, max_seq=64), B=4, T=64, steps=2)
 
 
-def best_of(fn, repeats):
-    """The fastest of `repeats` runs of fn() (the first run is a warm-up, not counted)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def copy_bandwidth(nbytes=256 * MIB, repeats=5):
     """Bytes per second np.copyto moves from one large array into another (one thread)."""
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    return nbytes / best_of(lambda: np.copyto(dst, src), repeats)
+    return nbytes / best_time(lambda: np.copyto(dst, src), repeats=repeats)
 
 
 def fit_alpha_beta(sizes, seconds):
@@ -87,13 +76,13 @@ def sweep(comm, sizes):
             def synced():
                 comm.barrier()
                 fn()
-            row[name] = best_of(synced, repeats) - best_of(comm.barrier, repeats)
+            row[name] = best_time(synced, repeats=repeats) - best_time(comm.barrier, repeats=repeats)
         rows.append(row)
     # The largest message's reduction alone: the adds of (N-1)/N S one rank does in any
     # bandwidth-optimal algorithm.
     big = np.ones(sizes[-1] // 4, dtype=np.float32)
     part = big[:len(big) * (comm.size - 1) // comm.size]
-    add_s = best_of(lambda: np.add(part, part, out=part), 3)
+    add_s = best_time(lambda: np.add(part, part, out=part), repeats=3)
     return {"rows": rows, "largest_add_s": add_s}
 
 

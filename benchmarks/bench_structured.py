@@ -16,22 +16,13 @@ import time
 
 import numpy as np
 
+from transformer_lab.measure import best_time
 from transformer_lab.structured import Guide, TokenIndex, compile_regex, schema_to_regex
 from transformer_lab.training.chat_tasks import JSON_EXTRACT_SCHEMA as EXTRACT_SCHEMA, fits_answer_schema
 
 DATE_REGEX = r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 MASK_OF_STEP_MAX = 0.05
 SAMPLE_REPLY = '{"name": "Ada Lovelace", "age": 36, "city": "London"}'
-
-
-def seconds(fn, repeats=5):
-    """The best of repeats wall-clock runs of fn()."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def run_structured(n_prompts=20, *, llm=None):
@@ -44,8 +35,8 @@ def run_structured(n_prompts=20, *, llm=None):
         except (FileNotFoundError, ImportError, ValueError) as e:
             return {"skipped": str(e).splitlines()[0]}
     tok, cfg, params = llm.tokenizer, llm.cfg, llm.params
-    result = {"compile_regex_s": seconds(lambda: compile_regex(DATE_REGEX)),
-              "compile_schema_s": seconds(lambda: compile_regex(schema_to_regex(EXTRACT_SCHEMA)))}
+    result = {"compile_regex_s": best_time(lambda: compile_regex(DATE_REGEX)),
+              "compile_schema_s": best_time(lambda: compile_regex(schema_to_regex(EXTRACT_SCHEMA)))}
     dfa = compile_regex(schema_to_regex(EXTRACT_SCHEMA))
     result["schema_states"], result["regex_states"] = dfa.num_states, compile_regex(DATE_REGEX).num_states
 
@@ -66,7 +57,7 @@ def run_structured(n_prompts=20, *, llm=None):
         keep = np.zeros(logits.shape, dtype=bool)
         keep[0, :index.vocab] = index.mask(states[3])
         np.where(keep, logits, -np.inf)
-    result["cached_mask_s"] = seconds(cached_step, repeats=20)
+    result["cached_mask_s"] = best_time(cached_step, repeats=20)
 
     from transformer_lab import KVCache, forward
     cache = KVCache(cfg, 1, 64)
@@ -75,7 +66,7 @@ def run_structured(n_prompts=20, *, llm=None):
     def decode_step():
         forward(params, cfg, np.array([[42]]), cache=cache, check=False)
         cache.truncate(cache.length - 1)
-    result["decode_step_s"] = seconds(decode_step, repeats=5)
+    result["decode_step_s"] = best_time(decode_step, repeats=5)
     result["mask_of_step"] = result["cached_mask_s"] / result["decode_step_s"]
 
     # Validity of the base model's replies, greedy, on held-out json-extract prompts.

@@ -259,37 +259,22 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
         results["load"]["after_train"] = load_average()
         print_train(out, results["train"])
 
-    if "finetune" in sections:
-        results["finetune"] = run_finetune(repeats=2 if profile.name == "quick" else 3,
-                                           use_torch=use_torch)
-        results["load"]["after_finetune"] = load_average()
-        print_finetune(out, results["finetune"])
-
-    if "serving" in sections:
-        results["serving"] = run_serving(small_m=profile.name != "quick")
-        results["load"]["after_serving"] = load_average()
-        print_serving(out, results["serving"])
-
-    if "online" in sections:
-        results["online"] = run_online(quick=profile.name == "quick")
-        results["load"]["after_online"] = load_average()
-        print_online(out, results["online"])
-
-    if "speculative" in sections:
-        results["speculative"] = run_speculative(profile.spec_new_tokens,
-                                                 profile.spec_prompts_per_kind)
-        results["load"]["after_speculative"] = load_average()
-        print_speculative(out, results["speculative"])
-
-    if "structured" in sections:
-        results["structured"] = run_structured(profile.structured_prompts)
-        results["load"]["after_structured"] = load_average()
-        print_structured(out, results["structured"])
-
-    if "parallel" in sections:
-        results["parallel"] = run_parallel(quick=profile.name == "quick")
-        results["load"]["after_parallel"] = load_average()
-        print_parallel(out, results["parallel"])
+    quick = profile.name == "quick"
+    # The sections that take only the profile: run, record the load after, print.
+    simple = {"finetune": (lambda: run_finetune(repeats=2 if quick else 3, use_torch=use_torch),
+                           print_finetune),
+              "serving": (lambda: run_serving(small_m=not quick), print_serving),
+              "online": (lambda: run_online(quick=quick), print_online),
+              "speculative": (lambda: run_speculative(profile.spec_new_tokens,
+                                                      profile.spec_prompts_per_kind),
+                              print_speculative),
+              "structured": (lambda: run_structured(profile.structured_prompts), print_structured),
+              "parallel": (lambda: run_parallel(quick=quick), print_parallel)}
+    for name, (run, show) in simple.items():
+        if name in sections:
+            results[name] = run()
+            results["load"][f"after_{name}"] = load_average()
+            show(out, results[name])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

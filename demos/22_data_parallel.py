@@ -26,7 +26,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import numpy as np
 import _common  # (also puts the repo root on sys.path when run from a checkout)
 from console import fmt_bytes, fmt_pct, print_observations, print_section, print_table, print_text
 from transformer_lab import AdamW, init_params, llama_config, named_params
-from transformer_lab.measure import training_memory
+from transformer_lab.measure import best_time, training_memory
 from transformer_lab.params import map_params, param_shapes
 from transformer_lab.parallel import run_ranks, world
 from transformer_lab.parallel.comm import launched_rank, launched_size
@@ -148,16 +147,6 @@ def _fit(sizes, seconds):
     return float(max(alpha, 0.0)), float(1 / inv_beta) if inv_beta > 0 else float("inf")
 
 
-def _best(fn, repeats):
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def bucket_job(comm, steps, sizes=SWEEP, mbs=BUCKET_MBS):
     """The alpha-beta line of comm.all_reduce, fitted to a sweep; then for each bucket size a
     float32 DP step's buckets (their bytes), its all-reduce time without the overlap
@@ -165,8 +154,8 @@ def bucket_job(comm, steps, sizes=SWEEP, mbs=BUCKET_MBS):
     swept = []
     for size in sizes:
         x = np.ones(size // 4, dtype=np.float32)
-        swept.append(_best(lambda: (comm.barrier(), comm.all_reduce(x)), 10)
-                     - _best(comm.barrier, 10))
+        swept.append(best_time(lambda: (comm.barrier(), comm.all_reduce(x)), repeats=10)
+                     - best_time(comm.barrier, repeats=10))
     alpha, beta = _fit(sizes, swept)
     cfg = llama_config(**BUCKET_CFG, dtype=np.float32)
     data = _batches(cfg, steps + 1, 4)
@@ -195,8 +184,8 @@ def bucket_job(comm, steps, sizes=SWEEP, mbs=BUCKET_MBS):
         row["model_s"] = sum(alpha + s / beta for s in row["buckets"])
         # The same all-reduces alone, the ranks lined up by a barrier before each.
         arrays = [np.ones(s // 4, np.float32) for s in row["buckets"]]
-        row["alone_s"] = sum(_best(lambda: (comm.barrier(), comm.all_reduce(a)), 3)
-                             - _best(comm.barrier, 3) for a in arrays)
+        row["alone_s"] = sum(best_time(lambda: (comm.barrier(), comm.all_reduce(a)), repeats=3)
+                             - best_time(comm.barrier, repeats=3) for a in arrays)
         rows.append(row)
     return {"ranks": comm.size, "alpha_s": alpha, "beta": beta, "sweep": list(sizes),
             "sweep_s": swept, "rows": rows, "grad_bytes": sum(a.nbytes for _, a in
