@@ -4,7 +4,8 @@ the replicas, equal to one process's for (tp, pp, dp) = (2, 1, 2), (1, 2, 2), (2
 Llama (GQA, and a K/V group on two tp ranks) and GPT-2 (tied head, biases) in float64; two
 train_steps (the global norm, clipping, AdamW on each shard) equal to one process's, and
 the shards gathered on rank 0 into the whole params and AdamW state; each rank's bytes
-about 1/(tp x pp) of the whole; bad sizes."""
+about 1/(tp x pp) of the whole; bad sizes; and the grid over real processes under
+`mpiexec -n 4` where MPI is installed."""
 import numpy as np
 import pytest
 
@@ -167,3 +168,10 @@ def test_bad_sizes():
         run_ranks(2, body, 0, tokens)
     with pytest.raises(ValueError, match="every target is -1"):
         run_ranks(2, body, 1, np.full((2, 4), -1))
+
+
+def test_under_mpiexec():
+    from mpi import mpi_run
+    out = mpi_run(4, ["tests/parallel/mpi_grid_checks.py"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("grid ok") == 4, out.stdout

@@ -112,11 +112,16 @@ def resolve(args, parser):
     return args
 
 
+def grid_options(tp, pp):
+    """"--tp 2 --pp 2", "--pp 2": the grid's options as given, for the messages."""
+    return " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
+
+
 def _resolve_grid(args, parser, size, n):
     """resolve() with --tp or --pp: the world is mpiexec's ranks (or --ranks N), the
     data-parallel size world / (tp x pp), --dp (if given) must be it."""
     tp, pp = args.tp, args.pp
-    what = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
+    what = grid_options(tp, pp)
     if args.init is not None:
         parser.usage_error(f"{what} trains a model from scratch; --init fine-tunes with --dp "
                            f"only")
@@ -220,7 +225,7 @@ class Ranks:
         try:
             self.grid = Grid(self.comm, cfg, self.tp, self.pp)
         except ValueError as exc:  # a checkpoint's model that the grid cannot cut
-            parser.usage_error(f"--tp {self.tp} --pp {self.pp}: {exc}")
+            parser.usage_error(f"{grid_options(self.tp, self.pp)}: {exc}")
         shard = self.grid.shard_params(params)
         sharded = GridAdamW(shard, self.grid)
         sharded.load_state_dict(opt.state_dict())
