@@ -33,7 +33,7 @@ import numpy as np
 from ..params import map_params, named_params
 from ..training.optim import AdamW
 from ..validate import check_int
-from .zero import ZeroAdamW, param_units
+from .zero import ZeroAdamW
 
 BUCKET_MB = 25  # PyTorch DDP's and picotron's default
 
@@ -197,8 +197,3 @@ class DataParallel:
         if not comm:
             return math.nan
         return max(0.0, 1.0 - self.timings["exposed_s"] / comm)
-
-
-def units_of(params):
-    """The unit names in the backward's order (the order buckets fill)."""
-    return [u for u, _ in reversed(param_units(params))]

@@ -20,18 +20,6 @@ def find_mpiexec():
     return shutil.which("mpiexec")
 
 
-def has_mpi() -> bool:
-    """Whether mpi4py imports (it needs an MPI library) and an mpiexec is found."""
-    if find_mpiexec() is None:
-        return False
-    try:
-        import mpi4py  # noqa: F401  the MPI library itself loads with mpi4py.MPI
-        from mpi4py import MPI  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def missing_mpi() -> str | None:
     """None when MPI can run here, else one line saying what is missing and what to install."""
     try:
