@@ -128,6 +128,11 @@ def build_parser():
                    help="AdamW weight decay on matrices (default 0.1)")
     p.add_argument("--clip", metavar="NORM", type=number_at_least(0, exclusive=True), default=1.0,
                    help="clip the gradient norm to this (default 1.0)")
+    p.add_argument("--micro-batches", metavar="N", type=int_at_least(1), default=1,
+                   help="split each batch into N micro-batches and accumulate their grads "
+                        "(the loss divided by the whole batch's supervised tokens), so only "
+                        "one micro-batch's activations are held at a time; with --pp, the "
+                        "micro-batches the pipeline's schedule runs (default 1)")
     p.add_argument("--arch", choices=ARCHS, metavar="ARCH", default="llama",
                    help="llama (RMSNorm, SwiGLU, RoPE; default) or gpt2 (LayerNorm, GELU, "
                         "learned positions, tied head)")
@@ -164,10 +169,6 @@ def build_parser():
     ft.add_argument("--minutes", metavar="M", type=number_at_least(0, exclusive=True),
                     help="stop after M minutes of training; the steps are planned from the "
                          "first steps' measured time")
-    ft.add_argument("--micro-batches", metavar="N", type=int_at_least(1), default=1,
-                    help="split each batch into N micro-batches and accumulate their grads "
-                         "(the loss divided by the whole batch's supervised tokens), so only "
-                         "one micro-batch's activations are held at a time (default 1)")
     ft.add_argument("--eval", metavar="N", type=int_at_least(0),
                     help=f"held-out examples scored before and after (default "
                          f"{FINETUNE['eval']}; 0: no evaluation)")
