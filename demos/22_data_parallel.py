@@ -586,7 +586,7 @@ TEXT = {
                           "waits for after its backward with it. A float32 model of {layers} "
                           "layers, {grads} of grads; buckets fill by whole layers, at the "
                           "smallest one per layer.",
-        "follows": "follows ring.py's rule", "differs": "does not follow ring.py's rule",
+        "follows": "follow ring.py's rule", "differs": "do not follow ring.py's rule",
         "obs_ring": "The ring all-reduce on N = {n} makes {steps} sendrecv steps, and the chunks "
                     "logged {verdict}: at step s rank r sends chunk (r-1-s) mod N and adds the "
                     "one it receives, then sends the chunk it holds whole.",
