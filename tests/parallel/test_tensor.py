@@ -80,6 +80,40 @@ def test_a_kv_group_is_kept_by_every_rank_that_reads_it():
         assert s["tok_emb"].shape == (16, 32) and s["blocks"][0]["mlp"]["w_down"].shape == (16, 32)
 
 
+# SmolLM2's heads in small: 9 query heads in 3 K/V groups, which no size but 3 and 9 divides.
+NINE = TINY.replace(d_model=36, n_heads=9, n_kv_heads=3, d_ff=50)
+
+
+@settings(max_examples=10)
+@given(name=st.sampled_from(sorted(CONFIGS) + ["nine"]), n=st.sampled_from([2, 3, 4]),
+       T=st.integers(1, 7))
+def test_uneven_heads_logits_equal_one_process_float64(name, n, T):
+    """uneven=True, serving's split: heads and MLP units as np.array_split cuts them."""
+    cfg = NINE if name == "nine" else CONFIGS[name]
+    if n > cfg.n_heads:
+        n = cfg.n_heads
+    params = init_params(cfg, seed=n + T)
+    tokens = np.random.default_rng(T).integers(0, cfg.vocab, (2, T))
+    ref = forward(params, cfg, tokens)
+    for logits in run_ranks(n, lambda c: tp_forward(tp_shard(params, cfg, c.rank, c.size,
+                                                             uneven=True),
+                                                    cfg, tokens, c, uneven=True)):
+        np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-12)
+
+
+def test_nine_heads_over_two_ranks_split_five_and_four():
+    plans = [tensor.tp_layout(NINE, r, 2, uneven=True) for r in range(2)]
+    assert [(p.h0, p.h1, p.g0, p.g1, p.f0, p.f1) for p in plans] == [(0, 5, 0, 2, 0, 25),
+                                                                     (5, 9, 1, 3, 25, 50)]
+    assert plans[0].group_of.tolist() == [0, 0, 0, 1, 1]  # group 1 on both ranks
+    assert plans[1].group_of.tolist() == [0, 1, 1, 1]
+    assert plans[0].kv_shared and not tensor.tp_layout(NINE, 0, 3, uneven=True).kv_shared
+    with pytest.raises(ValueError, match="size 2 does not divide the 9 query heads"):
+        tp_shard(init_params(NINE), NINE, 0, 2)  # the training form asks for an even split
+    with pytest.raises(ValueError, match="size 10 is more than the 9 query heads"):
+        tp_shard(init_params(NINE), NINE, 0, 10, uneven=True)
+
+
 def test_bad_sizes_and_shards():
     params = init_params(TINY)
     with pytest.raises(ValueError, match="size 3 does not divide the 4 query heads"):

@@ -2,6 +2,7 @@
 
     python -m transformer_lab.serve                      # SmolLM2-135M on 127.0.0.1:8000
     python -m transformer_lab.serve --port 8001 --model PATH.gguf --api-key KEY
+    python -m transformer_lab.serve --tensor-parallel-size 2  # the model over 2 MPI ranks
     curl -N http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"messages": [{"role": "user", "content": "Hi"}], "stream": true}'
 
@@ -25,6 +26,7 @@ import numpy as np
 from . import OneLineParser, int_at_least, non_empty_path
 from ..pretrained.gguf import DEFAULT_GGUF
 from ..pretrained.model_file import MODEL_FILE
+from ..parallel import RankFailed
 from ..serve.api_server import MAX_BODY_BYTES, MAX_WAITING, ApiServer
 from ..serve.engine_loop import BATCHING
 from ..serve.kv_pool import KV_CACHE_DTYPES
@@ -94,6 +96,12 @@ def build_parser():
                         action="store_false", help="turn the prefix cache off")
     engine.add_argument("--batch-invariant", action="store_true",
                         help="a request's numbers do not depend on its batch-mates")
+    engine.add_argument("--tensor-parallel-size", "-tp", type=int_at_least(1), default=1,
+                        metavar="N", help="split the model over N ranks (Megatron's split; "
+                                          "heads N does not divide split unevenly); default 1")
+    engine.add_argument("--distributed-executor-backend", choices=("mpi", "threads"),
+                        default="mpi", help="the ranks past the first: processes under mpiexec "
+                                            "(default) or threads of this process")
     engine.add_argument("--speculative-config", type=speculative_config, metavar="JSON",
                         help='n-gram speculation, vLLM\'s form: \'{"method": "ngram", '
                              '"num_speculative_tokens": 4, "prompt_lookup_max": 3}\'')
@@ -129,7 +137,10 @@ def load_engine(args):
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    enable_prefix_caching=args.enable_prefix_caching,
                    batch_invariant=args.batch_invariant, speculative=args.speculative_config,
-                   kv_cache_dtype=args.kv_cache_dtype)
+                   kv_cache_dtype=args.kv_cache_dtype,
+                   tensor_parallel_size=args.tensor_parallel_size)
+    if args.tensor_parallel_size > 1:
+        options["distributed_executor_backend"] = args.distributed_executor_backend
     if args.num_blocks is not None:
         options["num_blocks"] = args.num_blocks
     if args.kv_cache_memory is not None:
@@ -154,14 +165,14 @@ def main(argv=None) -> int:
     if args.served_model_name == "":
         parser.usage_error("--served-model-name: the name is empty")
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    server = None
+    server = llm = None
     try:
         # The file's name: the model is served under its stem (see load_engine).
         print(f"loading {args.model or f'the default model ({DEFAULT_GGUF})'} ...",
               file=sys.stderr, flush=True)
         try:
             llm, name = load_engine(args)
-        except (FileNotFoundError, ValueError, ImportError, OSError) as exc:
+        except (FileNotFoundError, ValueError, ImportError, OSError, RankFailed) as exc:
             print(f"error: {exc}".splitlines()[0], file=sys.stderr)
             return 1
         server = ApiServer(llm, host=args.host, port=args.port, model_name=name,
@@ -174,8 +185,10 @@ def main(argv=None) -> int:
             print(f"error: cannot listen on {args.host}:{args.port}: "
                   f"{exc.strerror or exc}", file=sys.stderr)
             return 1
+        tp = f", tensor parallel over {llm.tensor_parallel_size} ranks" \
+            if llm.tensor_parallel_size > 1 else ""
         print(f"serving {name} at {server.url}/v1 ({llm.num_blocks} KV blocks of "
-              f"{llm.block_size}, max {llm.max_num_seqs} sequences, {args.batching} batching"
+              f"{llm.block_size}, max {llm.max_num_seqs} sequences, {args.batching} batching{tp}"
               f"{', API key required' if args.api_key else ''}); Ctrl-C to stop", flush=True)
         forever = threading.Event()
         while not forever.wait(1.0):
@@ -189,6 +202,8 @@ def main(argv=None) -> int:
             print("stopping ...", file=sys.stderr, flush=True)
             server.stop()
             print("stopped", file=sys.stderr, flush=True)
+        if llm is not None:
+            llm.close()  # the tensor-parallel workers end with the server
         for sig, handler in previous.items():  # main() called in a process that goes on
             signal.signal(sig, handler)
     return 0

@@ -53,9 +53,12 @@ from .comm import split_sizes
 
 # ---------------------------------------------------------------- which rank holds what
 
-def _plan(cfg: Config, rank, size):
+def _plan(cfg: Config, rank, size, uneven=False):
     """The ranges rank `rank` of `size` holds: heads [h0, h1), K/V groups [g0, g1), MLP
-    units [f0, f1), vocabulary ids [v0, v1); each local query head's local group."""
+    units [f0, f1), vocabulary ids [v0, v1); each local query head's local group.
+    uneven: heads and MLP units cut as np.array_split cuts them (9 heads over 2 ranks:
+    5 and 4), for serving a model whose heads no TP size divides; Megatron's training
+    form asks the size to divide them."""
     if cfg.attention == "mla":
         raise ValueError("tensor parallel splits Q/K/V by heads; attention='mla' is not "
                          "supported")
@@ -67,29 +70,41 @@ def _plan(cfg: Config, rank, size):
                          "with qk_norm=True is not supported")
     size = check_int(size, "tensor-parallel size", low=1)
     rank = check_int(rank, "tensor-parallel rank", low=0, high=size - 1)
-    H, F = cfg.n_heads, cfg.d_ff
-    if H % size:
+    H, F, R = cfg.n_heads, cfg.d_ff, cfg.group_size
+    if uneven and size > H:
+        raise ValueError(f"tensor-parallel size {size} is more than the {H} query heads: "
+                         f"a rank would hold none")
+    if not uneven and H % size:
         raise ValueError(f"tensor-parallel size {size} does not divide the {H} query heads")
-    if cfg.mlp != "none" and F % size:
+    if not uneven and cfg.mlp != "none" and F % size:
         raise ValueError(f"tensor-parallel size {size} does not divide the MLP width "
                          f"d_ff={F}")
-    per, R = H // size, cfg.group_size
-    h0, h1 = rank * per, (rank + 1) * per
+    heads, units = split_sizes(H, size), split_sizes(F, size)
+    h0, f0 = sum(heads[:rank]), sum(units[:rank])
+    h1 = h0 + heads[rank]
     g0, g1 = h0 // R, (h1 - 1) // R + 1
     vocab = split_sizes(cfg.vocab, size)
     v0 = sum(vocab[:rank])
     group_of = np.arange(h0, h1) // R - g0  # [H/N] local group of each local query head
     return SimpleNamespace(
-        rank=rank, size=size, h0=h0, h1=h1, g0=g0, g1=g1, f0=rank * F // size,
-        f1=(rank + 1) * F // size, v0=v0, v1=v0 + vocab[rank], group_of=group_of,
+        rank=rank, size=size, h0=h0, h1=h1, g0=g0, g1=g1, f0=f0, f1=f0 + units[rank],
+        v0=v0, v1=v0 + vocab[rank], group_of=group_of,
         group_starts=np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]]),
-        kv_shared=cfg.n_kv_heads % size != 0)  # a group on more than one rank
+        # a group on more than one rank: some rank's first head is not its group's first
+        kv_shared=any(sum(heads[:r]) % R for r in range(1, size)))
 
 
-def tp_slices(cfg: Config, rank, size) -> dict:
+def tp_layout(cfg: Config, rank, size, uneven=False) -> SimpleNamespace:
+    """What rank `rank` of `size` holds (ValueError for a size that cannot split cfg):
+    query heads [h0, h1), K/V groups [g0, g1), MLP units [f0, f1), vocabulary ids
+    [v0, v1), and group_of, each of its query heads' group among its own."""
+    return _plan(cfg, rank, size, uneven)
+
+
+def tp_slices(cfg: Config, rank, size, uneven=False) -> dict:
     """The params' layout with, at each leaf, the tuple of slices that cuts rank's shard out
     of the whole array (() for a replicated one)."""
-    p, D = _plan(cfg, rank, size), cfg.head_dim
+    p, D = _plan(cfg, rank, size, uneven), cfg.head_dim
     q, kv, f = slice(p.h0 * D, p.h1 * D), slice(p.g0 * D, p.g1 * D), slice(p.f0, p.f1)
     every = slice(None)
     rules = {"wq": (every, q), "bq": (q,), "wk": (every, kv), "wv": (every, kv), "bk": (kv,),
@@ -105,20 +120,21 @@ def tp_slices(cfg: Config, rank, size) -> dict:
     return map_params(pick, param_shapes(cfg), names=True)
 
 
-def tp_shard(params, cfg: Config, rank, size) -> dict:
+def tp_shard(params, cfg: Config, rank, size, uneven=False) -> dict:
     """Rank `rank`'s params of a tensor-parallel group of `size`: fresh contiguous arrays,
-    in the params' own nested layout (each leaf a slice of the whole, tp_slices)."""
+    in the params' own nested layout (each leaf a slice of the whole, tp_slices).
+    uneven=True lets heads and MLP units split unevenly (_plan), for tp_forward."""
     check_params(params, cfg)
-    cuts = dict(named_params(tp_slices(cfg, rank, size)))
+    cuts = dict(named_params(tp_slices(cfg, rank, size, uneven)))
     return map_params(lambda name, a: np.ascontiguousarray(a[cuts[name]]), params, names=True)
 
 
-def _check_shard(shard, cfg: Config, comm):
+def _check_shard(shard, cfg: Config, comm, uneven=False):
     """The plan of comm's rank, after checking the shard has that rank's shapes."""
-    plan = _plan(cfg, comm.rank, comm.size)
+    plan = _plan(cfg, comm.rank, comm.size, uneven)
     whole = dict(named_params(param_shapes(cfg)))
     got = dict(named_params(shard)) if isinstance(shard, dict) else {}
-    for name, cut in named_params(tp_slices(cfg, comm.rank, comm.size)):
+    for name, cut in named_params(tp_slices(cfg, comm.rank, comm.size, uneven)):
         want = tuple(len(range(*c.indices(n))) for c, n in zip(cut, whole[name])) \
             + whole[name][len(cut):]
         have = getattr(got.get(name), "shape", None)
@@ -135,9 +151,11 @@ def _linear(x, p, w, b, cfg):
     return y + p[b] if cfg.bias and b in p else y
 
 
-def _attention(h, a, cfg: Config, plan, rope, saved):
+def _attention(h, a, cfg: Config, plan, rope, saved, cache=None, layer=0):
     """This rank's heads on the whole normed stream h [B, T, d]: its partial sum of the
-    attention update [B, T, d] (g's all-reduce completes it)."""
+    attention update [B, T, d] (g's all-reduce completes it). With a cache (the serving
+    engine's, over this rank's own KV pool) the cache stores the rank's K/V groups and
+    attends each local head over its group."""
     B, T, _ = h.shape
     D = cfg.head_dim
     q = _linear(h, a, "wq", "bq", cfg).reshape(B, T, -1, D)  # [B, T, H/N, D]
@@ -145,6 +163,8 @@ def _attention(h, a, cfg: Config, plan, rope, saved):
     v = _linear(h, a, "wv", "bv", cfg).reshape(B, T, -1, D)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if cache is not None:
+        return matmul_rows(cache.attend(layer, q, k, v), a["wo"])  # [B, T, d]
     k, v = k[:, :, plan.group_of], v[:, :, plan.group_of]  # [B, T, H/N, D]: each head's group
     out = attention_core(q, k, v)  # [B, T, H/N * D]
     saved.update(q=q, k=k, v=v, out=out)
@@ -195,15 +215,17 @@ def _f_and_g(comm, sequence_parallel):
     return SimpleNamespace(f=same, g=comm.all_reduce, f_back=comm.all_reduce, g_back=same)
 
 
-def tp_block(x, p, cfg: Config, comm, plan, rope=None, saved=None, sequence_parallel=False):
+def tp_block(x, p, cfg: Config, comm, plan, rope=None, saved=None, sequence_parallel=False,
+             cache=None, layer=0):
     """One block on every rank. x [B, T, d] is whole and equal on each, so is the result; or,
-    sequence parallel, x and the result are this rank's shard [B, T/N, d]."""
+    sequence parallel, x and the result are this rank's shard [B, T/N, d]. cache: the
+    serving engine's, attended as layer `layer`."""
     c = _f_and_g(comm, sequence_parallel)
     saved = {} if saved is None else saved
     saved["resid_pre"] = x
     saved["attn_in"] = h = norm(x, p["attn_norm"], cfg)  # a shard under sequence parallel
-    x = x + _plus_bias(c.g(_attention(c.f(h), p["attn"], cfg, plan, rope, saved)),
-                       p["attn"], "bo", cfg)                          # g: all-reduce 1
+    x = x + _plus_bias(c.g(_attention(c.f(h), p["attn"], cfg, plan, rope, saved, cache,
+                                      layer)), p["attn"], "bo", cfg)  # g: all-reduce 1
     if cfg.mlp != "none":
         saved["resid_mid"] = x
         saved["mlp_in"] = h = norm(x, p["mlp_norm"], cfg)
@@ -212,7 +234,7 @@ def tp_block(x, p, cfg: Config, comm, plan, rope=None, saved=None, sequence_para
     return x
 
 
-def _embed(shard, cfg: Config, tokens, comm, plan, sequence_parallel=False):
+def _embed(shard, cfg: Config, tokens, comm, plan, sequence_parallel=False, positions=None):
     """Vocabulary-parallel embedding: each rank looks up the ids in its rows, zeros for the
     rest; the all-reduce (or reduce-scatter) adds each id's one row to zeros, so the sum is
     that row exactly."""
@@ -220,7 +242,7 @@ def _embed(shard, cfg: Config, tokens, comm, plan, sequence_parallel=False):
     mine = (local >= 0) & (local < plan.v1 - plan.v0)  # [B, T]
     rows = shard["tok_emb"][np.where(mine, local, 0)]  # [B, T, d]
     x = _f_and_g(comm, sequence_parallel).g(np.where(mine[..., None], rows, 0).astype(cfg.dtype))
-    at = np.arange(tokens.shape[1])  # the positions x holds
+    at = np.arange(tokens.shape[1]) if positions is None else positions  # those x holds
     if sequence_parallel:
         at = np.array_split(at, comm.size)[comm.rank]
     if cfg.pos == "learned":
@@ -240,28 +262,49 @@ def _local_logits(xn, shard, cfg: Config):
     return z + shard["lm_head"]["b"] if cfg.bias else z
 
 
-def _trunk(shard, cfg: Config, tokens, comm, plan, saved=None, sequence_parallel=False):
+def _trunk(shard, cfg: Config, tokens, comm, plan, saved=None, sequence_parallel=False,
+           cache=None, logits_at=None):
     """Embedding, blocks and the final norm: the normed stream [B, T, d], whole on every
-    rank (gathered from the shards under sequence parallel), and the stream before it."""
+    rank (gathered from the shards under sequence parallel), and the stream before it.
+    With a cache, each token at the position the cache gives it; logits_at [n]: only
+    those positions along T are normed."""
     T = tokens.shape[1]
-    rope = rope_at(np.arange(T), cfg.rope_dim, cfg.rope_base, cfg.dtype) \
+    positions = np.arange(T) if cache is None else cache.positions(T)  # [T] or [B, T]
+    rope = rope_at(positions, cfg.rope_dim, cfg.rope_base, cfg.dtype) \
         if cfg.pos == "rope" else None
-    x = _embed(shard, cfg, tokens, comm, plan, sequence_parallel)  # [B, T or T/N, d]
+    x = _embed(shard, cfg, tokens, comm, plan, sequence_parallel,
+               None if cache is None else positions)  # [B, T or T/N, d]
     for i, p in enumerate(shard["blocks"]):
         x = tp_block(x, p, cfg, comm, plan, rope, None if saved is None else saved[i],
-                     sequence_parallel)
+                     sequence_parallel, cache, i)
+    if cache is not None:
+        cache.advance(T)
+    if logits_at is not None:
+        x = x[:, logits_at]  # [B, n, d]
     xn = _f_and_g(comm, sequence_parallel).f(norm(x, shard["final_norm"], cfg))  # [B, T, d]
     return xn, x, rope
 
 
-def tp_forward(shard, cfg: Config, tokens, comm, sequence_parallel=False):
+def tp_forward(shard, cfg: Config, tokens, comm, sequence_parallel=False, *, uneven=False,
+               cache=None, logits_at=None, check=True):
     """The whole logits [B, T, V] on every rank, equal to forward(params, cfg, tokens): the
     vocabulary-parallel logits all-gathered at the end (for the comparison; the loss never
     gathers them, tp_loss_and_grads). sequence_parallel: the same numbers, the stream
-    between the products cut along the sequence (the module's docstring)."""
-    plan = _check_shard(shard, cfg, comm)
-    tokens = check_tokens(tokens, cfg)
-    xn, _, _ = _trunk(shard, cfg, tokens, comm, plan, sequence_parallel=sequence_parallel)
+    between the products cut along the sequence (the module's docstring).
+
+    As forward() takes them: a cache (the serving engine's StepCache over this rank's KV
+    pool, which holds only its K/V groups), logits_at [n] (only those positions get
+    logits, [B, n, V]) and check=False (the shard's shapes were checked once). uneven:
+    the shard of tp_shard(..., uneven=True)."""
+    if cache is not None and sequence_parallel:
+        raise ValueError("tp_forward: a cache and sequence_parallel cannot be combined")
+    plan = _check_shard(shard, cfg, comm, uneven) if check else \
+        _plan(cfg, comm.rank, comm.size, uneven)
+    T = np.shape(tokens)[1] if np.ndim(tokens) == 2 else 0
+    start = 0 if cache is None else int(cache.positions(T).max(initial=-1)) + 1 - T
+    tokens = check_tokens(tokens, cfg, start)
+    xn, _, _ = _trunk(shard, cfg, tokens, comm, plan, sequence_parallel=sequence_parallel,
+                      cache=cache, logits_at=logits_at)
     z = _local_logits(xn, shard, cfg)  # [B, T, V/N]
     whole = comm.all_gather(np.ascontiguousarray(np.moveaxis(z, -1, 0)))  # [V, B, T]
     return np.ascontiguousarray(np.moveaxis(whole, 0, -1))  # [B, T, V]

@@ -37,11 +37,13 @@ class PagedKVPool:
     scale behind; it only ever covers more than the rows need.
     """
 
-    def __init__(self, cfg, num_blocks, block_size, kv_cache_dtype="auto"):
+    def __init__(self, cfg, num_blocks, block_size, kv_cache_dtype="auto", kv_heads=None):
+        """kv_heads: the K/V heads held (default all of cfg's; a tensor-parallel rank holds
+        only the groups its query heads read)."""
         self.num_blocks, self.block_size = int(num_blocks), int(block_size)
         self.kv_cache_dtype = check_kv_cache_dtype(kv_cache_dtype)
         self.int8 = kv_cache_dtype == "int8"
-        G, D = cfg.n_kv_heads, cfg.head_dim
+        G, D = cfg.n_kv_heads if kv_heads is None else int(kv_heads), cfg.head_dim
         shape = (self.num_blocks, self.block_size, G, D)
         dtype = self.storage_dtype(cfg, kv_cache_dtype)
         self.k = [np.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ from .scheduler import Scheduler
 from .sequence import Sequence
 from .speculative_config import SpeculativeConfig
 from .step_stats import StepRecord, StepRecorder
+from .tp_runner import TPModelRunner, check_tensor_parallel
 
 # Without num_blocks or kv_cache_memory, the pool holds max_num_seqs full-length
 # sequences, capped at this many bytes (256 MiB: 5 825 SmolLM2 tokens, 364 blocks of 16).
@@ -140,7 +142,13 @@ class LLM:
 
     cfg, params, tokenizer; block_manager (its .blocks with ref_count and hash), scheduler
     (.waiting, .running: Sequences with .block_table, .num_computed_tokens), pool
-    (PagedKVPool), step_log (a StepRecord per step), num_blocks, block_size.
+    (PagedKVPool; with tensor parallel, rank 0's: its K/V groups), step_log (a StepRecord
+    per step), num_blocks, block_size.
+
+    tensor_parallel_size=N (vLLM's name) splits the model over N ranks (serve/tp_runner.py):
+    worker processes under mpiexec (distributed_executor_backend="mpi", the default) or
+    threads of this process ("threads"). close(), a with block or the process's exit ends
+    them.
     """
 
     def __init__(self, model=None, *, dtype=np.float32, **options):
@@ -158,7 +166,9 @@ class LLM:
     def _setup(self, cfg, params, tokenizer, *, block_size=16, num_blocks=None,
                kv_cache_memory=None, max_num_seqs=32, max_num_batched_tokens=1024,
                enable_prefix_caching=True, batch_invariant=False, mix_prefill_decode=True,
-               speculative=None, kv_cache_dtype="auto"):
+               speculative=None, kv_cache_dtype="auto", tensor_parallel_size=1,
+               distributed_executor_backend=None):
+        self._finalizer = None
         check_params(params, cfg)
         if cfg.attention == "mla":
             # An MLA block would be one [block_size, kv_lora_rank + rope] array per layer,
@@ -189,6 +199,11 @@ class LLM:
                 raise ValueError(f"LLM: kv_cache_memory={memory} bytes holds no block of "
                                  f"{per_block} bytes")
         self.num_blocks = _positive_int("num_blocks", num_blocks)
+        self.tensor_parallel_size = check_tensor_parallel(cfg, tensor_parallel_size)
+        if self.tensor_parallel_size > 1 and batch_invariant:
+            raise ValueError("LLM: batch_invariant=True is not supported with "
+                             f"tensor_parallel_size={self.tensor_parallel_size} (the all-reduces "
+                             f"add the ranks' partial sums in their own order)")
         self.speculative = SpeculativeConfig.from_dict(speculative)
         self.batch_invariant = bool(batch_invariant)
         # Batch invariance needs a sequence's computation to depend on it alone: prefix hits
@@ -201,8 +216,21 @@ class LLM:
                                    mix=bool(mix_prefill_decode), canonical=self.batch_invariant,
                                    speculative=self.speculative,
                                    eos_id=None if tokenizer is None else tokenizer.eos_id)
-        self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size, kv_cache_dtype)
-        self.runner = ModelRunner(params, cfg, self.pool, batch_invariant=self.batch_invariant)
+        if self.tensor_parallel_size > 1:
+            # Last: from here on there are workers to end (close, or the finalizer at exit).
+            self.runner = TPModelRunner(params, cfg, self.tensor_parallel_size,
+                                        num_blocks=self.num_blocks, block_size=self.block_size,
+                                        kv_cache_dtype=kv_cache_dtype,
+                                        backend=distributed_executor_backend or "mpi")
+            self._finalizer = weakref.finalize(self, self.runner.close)
+            self.pool = self.runner.pool
+        else:
+            if distributed_executor_backend not in (None, "threads", "mpi"):
+                raise ValueError(f"LLM: distributed_executor_backend must be threads or mpi, "
+                                 f"got {distributed_executor_backend!r}")
+            self.pool = PagedKVPool(cfg, self.num_blocks, self.block_size, kv_cache_dtype)
+            self.runner = ModelRunner(params, cfg, self.pool,
+                                      batch_invariant=self.batch_invariant)
         self.invariant_rows = (invariant_block_rows(product_weights(params, cfg), INVARIANT_ROWS)
                                if self.batch_invariant else None)
         self.recorder = StepRecorder(self.block_size)
@@ -215,22 +243,48 @@ class LLM:
         """A StepRecord per step since reset_stats() (the recorder's log)."""
         return self.recorder.log
 
+    def close(self):
+        """End the tensor-parallel workers (nothing to do at tensor_parallel_size=1); the
+        engine cannot step after it."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def reset_stats(self):
         """Zero the counters of stats() and empty the step log (the cache keeps its blocks)."""
         self.recorder.reset()
+        if self.tensor_parallel_size > 1:
+            self.runner.comm.reset_stats()
         bm = self.block_manager
         bm.peak_blocks_in_use = bm.blocks_in_use
         bm.prefix_hit_tokens = bm.prefix_query_tokens = 0
         self.scheduler.preemptions = 0
 
     def stats(self) -> dict:
+        """The counters since reset_stats(); with tensor parallel also the bytes rank 0
+        sent in all-reduces (the blocks') and all-gathers (the sampled rows' logits),
+        comm.stats' counts, and tp_all_reduce_bytes_per_token over the tokens computed."""
         bm = self.block_manager
-        return dict(num_blocks=bm.num_blocks, blocks_in_use=bm.blocks_in_use,
-                    peak_blocks_in_use=bm.peak_blocks_in_use,
-                    prefix_hit_tokens=bm.prefix_hit_tokens,
-                    prefix_query_tokens=bm.prefix_query_tokens,
-                    preemptions=self.scheduler.preemptions, steps=len(self.step_log),
-                    **self.recorder.counts)
+        out = dict(num_blocks=bm.num_blocks, blocks_in_use=bm.blocks_in_use,
+                   peak_blocks_in_use=bm.peak_blocks_in_use,
+                   prefix_hit_tokens=bm.prefix_hit_tokens,
+                   prefix_query_tokens=bm.prefix_query_tokens,
+                   preemptions=self.scheduler.preemptions, steps=len(self.step_log),
+                   **self.recorder.counts)
+        if self.tensor_parallel_size > 1:
+            comm = self.runner.comm
+            tokens = out["prefill_tokens_computed"] + out["decode_tokens"]
+            out.update(tp_all_reduce_bytes=comm.bytes_sent("all_reduce"),
+                       tp_all_reduce_calls=comm.stats.get("all_reduce", {}).get("calls", 0),
+                       tp_all_gather_bytes=comm.bytes_sent("all_gather"),
+                       tp_all_reduce_bytes_per_token=comm.bytes_sent("all_reduce") / tokens
+                       if tokens else 0.0)
+        return out
 
     # ------------------------------------------------------------ requests
 
@@ -504,7 +558,9 @@ class LLM:
         return (f"LLM(layers={self.cfg.n_layers}, d={self.cfg.d_model}, {np.dtype(self.cfg.dtype)}, "
                 f"{self.num_blocks} blocks of {self.block_size}, max_num_seqs={self.max_num_seqs}, "
                 f"prefix_caching={self.enable_prefix_caching}, "
-                f"batch_invariant={self.batch_invariant})")
+                f"batch_invariant={self.batch_invariant}"
+                + (f", tensor_parallel_size={self.tensor_parallel_size})"
+                   if self.tensor_parallel_size > 1 else ")"))
 
 
 @contextlib.contextmanager

@@ -78,8 +78,13 @@ class StepCache(CacheProtocol):
     """The cache forward() sees for one step: cache.CacheProtocol's four calls over the
     paged pool."""
 
-    def __init__(self, pool: PagedKVPool, chunks, *, batch_invariant=False):
+    def __init__(self, pool: PagedKVPool, chunks, *, batch_invariant=False, group_of=None):
         self.pool = pool
+        # A tensor-parallel rank's heads may read its K/V groups in unequal runs (9 heads
+        # over 2 ranks: rank 0's 5 heads read its 2 groups 3 and 2 at a time), which
+        # attention_core's GQA does not take: then each head's group is picked per head
+        # (group_of [heads]) after the gather. None: the heads read the groups in equal runs.
+        self.group_of = _unequal_runs(group_of)
         bs = pool.block_size
         tokens, positions, slots = [], [], []
         self.prefills: list[PrefillChunk] = []
@@ -147,18 +152,47 @@ class StepCache(CacheProtocol):
         for c in self.prefills:
             rows = slice(c.first, c.stop)
             ks, vs = self._gather(layer, c.table, c.end) if c.start else (k[:, rows], v[:, rows])
-            out[:, rows] = attention_core(q[:, rows], ks, vs, c.start, causal=causal)
+            out[:, rows] = attention_core(q[:, rows], self._per_head(ks), self._per_head(vs),
+                                          c.start, causal=causal)
         # 3. Decodes and verify chunks, a group at a time, each row at its own position over
         #    its own blocks.
         for g in self.decode_groups:
             keys, values = self.pool.gather(layer, g.tables)  # [B, width * bs, G, D]
             self.gathered_bytes += 2 * keys.nbytes
-            out[0, g.rows] = attention_core(q[0, g.rows], keys, values,  # q [B, T, H, D]
-                                            g.positions, causal=causal)
+            out[0, g.rows] = attention_core(q[0, g.rows], self._per_head(keys),  # q [B,T,H,D]
+                                            self._per_head(values), g.positions, causal=causal)
         return out
+
+    def _per_head(self, a):
+        """K or V [B, S, G, D] as attention_core reads them: as they are, or, for unequal
+        runs, [B, S, H, D] with each head's own group."""
+        return a if self.group_of is None else a[:, :, self.group_of]
 
     def advance(self, new):
         pass  # the scheduler counts computed tokens per sequence
+
+
+def sampled_rows(chunks) -> np.ndarray:
+    """The flat rows whose logits pick a token: a sampling chunk's last row, or a verify
+    chunk's last 1 + len(drafts)."""
+    keep, row = [], 0
+    for chunk in chunks:
+        row += chunk.end - chunk.start
+        if chunk.sample:
+            keep.extend(range(row - 1 - len(chunk.drafts), row))
+    return np.array(keep, dtype=np.int64)
+
+
+def _unequal_runs(group_of):
+    """group_of [heads] when its heads read their groups in unequal runs, else None."""
+    if group_of is None:
+        return None
+    group_of = np.asarray(group_of)
+    G = int(group_of.max()) + 1
+    if len(group_of) % G == 0 and \
+            np.array_equal(group_of, np.arange(len(group_of)) // (len(group_of) // G)):
+        return None
+    return group_of
 
 
 class ModelRunner:
@@ -171,14 +205,9 @@ class ModelRunner:
         """Compute the step; the logits [rows, vocab] of the chunks that pick a token, in the
         order of `chunks`: one row each, 1 + len(drafts) for a verify chunk."""
         cache = StepCache(self.pool, chunks, batch_invariant=self.batch_invariant)
-        keep, row = [], 0
-        for chunk in chunks:
-            row += chunk.end - chunk.start
-            if chunk.sample:
-                keep.extend(range(row - 1 - len(chunk.drafts), row))
         # The params were checked once when the engine was made. A step of prefill chunks
         # only keeps no row: the head then runs on none.
         logits = forward(self.params, self.cfg, cache.tokens, cache=cache, check=False,
-                         logits_at=np.array(keep, dtype=np.int64))[0]  # [kept, V]
+                         logits_at=sampled_rows(chunks))[0]  # [kept, V]
         self.last_gathered_bytes = cache.gathered_bytes
         return logits
