@@ -62,7 +62,7 @@ def test_an_unknown_option_lists_every_real_option(capsys):
     listed = capsys.readouterr().err.split("(valid options: ")[1].split("; --help")[0]
     names = [a.option_strings[-1] for a in train.build_parser()._actions
              if a.option_strings and a.dest != "help"]
-    assert [part.split()[0] for part in listed.split(", ")] == names and len(names) == 36
+    assert [part.split()[0] for part in listed.split(", ")] == names and len(names) == 40
 
 
 def test_a_problem_with_the_options_together_is_named_without_the_list(capsys):

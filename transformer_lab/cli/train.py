@@ -32,6 +32,20 @@ the same model for llama.cpp and HF transformers (cli/export.py writes one from 
 model.npz). Ctrl-C stops after the current step and
 saves the model trained so far (every file is written atomically).
 
+A mixture of experts (moe.py): --experts E replaces every block's MLP by E experts, each
+a SwiGLU MLP of the dense one's width, --top-k K of them chosen per token (default 2);
+--balance-coef C adds C times Switch's load-balancing loss per layer (default 0.01), and
+--capacity-factor F lets each expert take at most ceil(F * tokens * K / E) of a batch's
+choices, dropping the rest:
+
+    python -m transformer_lab.train --task addition --experts 8 --top-k 2
+
+The run then reports the loss against the training FLOPs (measure/flops.py: a token
+costs its K experts, not all E), each layer's expert load and its coefficient of
+variation, and the choices the capacity dropped, on a held-out batch.
+measure/moe_study.py trains the same MoE beside a dense model of the same active
+parameters (demo 25).
+
 Data parallel (cli/ranks.py): `mpiexec -n 2 python -m transformer_lab.train ... --dp 2`
 runs the same steps on 2 ranks, each on its share of every batch's rows, --zero 1|2|3
 shards the optimizer state, the grads and the params over them, and --ranks 2 starts the
@@ -55,6 +69,10 @@ from . import (EXIT_INTERRUPTED, OneLineParser, int_at_least, non_empty_path, no
 from ..pretrained.model_file import config_to_dict, load_checkpoint, save_checkpoint
 from ..config import Config, gpt2_config, llama_config
 from ..measure import set_blas_threads
+from ..measure.expert_load import dropped, expert_load, load_cv
+from ..measure.flops import train_step_flops
+from ..measure.moe_study import active_params
+from ..acts import ActivationRecord
 from ..generation import sample_next
 from ..model import forward
 from ..params import init_params, named_params
@@ -87,18 +105,31 @@ MANY_THREADS_FROM = 256
 FINETUNE = dict(steps=100, batch=8, lr_lora=2e-3, lr_full=3e-5, weight_decay=0.0, eval=40)
 # Options of the from-scratch models, which a pretrained model already fixes, and back.
 SCRATCH_ONLY = ("data", "digits", "seq", "arch", "d_model", "layers", "heads", "resume",
-                "quick", "samples", "save_every", "precision")
+                "quick", "samples", "save_every", "precision", "experts", "top_k",
+                "balance_coef", "capacity_factor")
+MOE_ONLY = ("top_k", "balance_coef", "capacity_factor")
+MOE_DEFAULTS = dict(top_k=2, balance_coef=0.01)
 FINETUNE_ONLY = ("lora", "lora_alpha", "checkpoint", "minutes", "eval", "gguf")
 # On --resume the model and its data are the checkpoint's; the training options may change.
-FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed", "precision")
+FIXED_ON_RESUME = ("arch", "d_model", "layers", "heads", "seed", "precision", "experts",
+                   "top_k", "balance_coef", "capacity_factor")
+# What a checkpoint from before an option existed was trained with.
+OLD_RUN_DEFAULTS = dict(precision="fp32", experts=None, top_k=None, balance_coef=None,
+                        capacity_factor=None)
+REPORT_POINTS = 5  # rows of the loss-against-FLOPs table at the end of a run
 CHANGEABLE_ON_RESUME = ("batch", "lr", "min_lr", "warmup", "weight_decay", "clip")
 
 
-def make_config(task, arch, d_model, layers, heads) -> Config:
-    """The model for a task: float32, the task's vocabulary and sequence length."""
+def make_config(task, arch, d_model, layers, heads, *, experts=None, top_k=None,
+                balance_coef=None, capacity_factor=None) -> Config:
+    """The model for a task: float32, the task's vocabulary and sequence length; with
+    experts, every block's MLP a mixture of that many experts of width d_ff."""
     build = llama_config if arch == "llama" else gpt2_config
+    moe = {} if not experts else dict(n_experts=experts, experts_per_token=top_k,
+                                      balance_loss_coef=balance_coef,
+                                      capacity_factor=capacity_factor)
     return build(vocab=task.vocab, d_model=d_model, n_heads=heads, n_layers=layers,
-                 d_ff=4 * d_model, max_seq=task.seq, dtype=np.float32)
+                 d_ff=4 * d_model, max_seq=task.seq, dtype=np.float32, **moe)
 
 
 # ---------------------------------------------------------------- command line
@@ -175,6 +206,19 @@ def build_parser():
     ft.add_argument("--gguf", metavar="TYPE", choices=GGUF_TYPES,
                     help=f"also write the model as model-TYPE.gguf beside model.npz, for "
                          f"llama.cpp and HF transformers: {', '.join(GGUF_TYPES)}")
+    moe = p.add_argument_group("a mixture of experts")
+    moe.add_argument("--experts", metavar="E", type=int_at_least(1),
+                     help="replace every block's MLP by E experts, each a SwiGLU MLP of the "
+                          "dense width (default: a dense model)")
+    moe.add_argument("--top-k", metavar="K", type=int_at_least(1),
+                     help=f"experts chosen per token, at most E (default "
+                          f"{MOE_DEFAULTS['top_k']}, or E when E is smaller)")
+    moe.add_argument("--balance-coef", metavar="C", type=number_at_least(0),
+                     help=f"Switch's load-balancing loss times C, per layer (default "
+                          f"{MOE_DEFAULTS['balance_coef']:g}; 0: none)")
+    moe.add_argument("--capacity-factor", metavar="F", type=number_at_least(0, exclusive=True),
+                     help="each expert takes at most ceil(F * tokens * K / E) of a batch's "
+                          "choices, the rest dropped (default: no limit)")
     add_parallel_options(p)
     p.add_argument("--quick", action="store_true",
                    help=f"a tiny run: {QUICK['steps']} steps, batch {QUICK['batch']}, "
@@ -269,7 +313,28 @@ def resolve(args, parser, given=frozenset()):
                            f"({args.batch})")
     if args.warmup is None:
         args.warmup = args.steps // 10
+    _resolve_experts(args, parser)
     return _resolve_schedule(args, parser)
+
+
+def _resolve_experts(args, parser):
+    """--experts' defaults; its options without it, or a K above E, one line each."""
+    if args.experts is None:
+        for dest in MOE_ONLY:
+            if getattr(args, dest) is not None:
+                parser.usage_error(f"{_option(dest)} applies to a mixture of experts: give "
+                                   f"--experts E too")
+        return
+    if args.arch != "llama":
+        parser.usage_error(f"--experts needs --arch llama: each expert is a SwiGLU MLP, and "
+                           f"--arch {args.arch} has a GELU one")
+    if args.top_k is None:
+        args.top_k = min(MOE_DEFAULTS["top_k"], args.experts)
+    if args.top_k > args.experts:
+        parser.usage_error(f"--top-k ({args.top_k}) must be at most --experts "
+                           f"({args.experts})")
+    if args.balance_coef is None:
+        args.balance_coef = MOE_DEFAULTS["balance_coef"]
 
 
 def task_options(args) -> dict:
@@ -380,7 +445,8 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
                                f"not --task {args.task}")
         step, history = int(extra["step"]), list(extra["history"])
         run_opts = dict(extra["options"])
-        run_opts.setdefault("precision", "fp32")  # checkpoints from before --precision
+        for key, value in OLD_RUN_DEFAULTS.items():  # checkpoints from before the option
+            run_opts.setdefault(key, value)
         for key in FIXED_ON_RESUME:
             option = "--" + key.replace("_", "-")
             if key in given and getattr(args, key) != run_opts[key]:
@@ -406,7 +472,8 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
         task_opts = task_options(args)
         run_opts = {k: getattr(args, k) for k in
                     ("steps", "batch", "lr", "min_lr", "warmup", "weight_decay", "clip", "arch",
-                     "d_model", "layers", "heads", "seed", "precision")}
+                     "d_model", "layers", "heads", "seed", "precision", "experts", "top_k",
+                     "balance_coef", "capacity_factor")}
         step, history = 0, []
         rng = None
     try:
@@ -415,7 +482,9 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
         complain(f"error: {exc}")
         return 1
     if not args.resume:
-        cfg = make_config(task, args.arch, args.d_model, args.layers, args.heads)
+        cfg = make_config(task, args.arch, args.d_model, args.layers, args.heads,
+                          experts=args.experts, top_k=args.top_k,
+                          balance_coef=args.balance_coef, capacity_factor=args.capacity_factor)
         params = init_params(cfg, seed=args.seed)
         opt, sync = ranks.optimizer(params, lr=args.lr, betas=(0.9, 0.95),
                                     weight_decay=args.weight_decay)
@@ -438,6 +507,8 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
                        f"batch {run_opts['batch']} x {task.seq} tokens; "
                        f"BLAS threads {threads or 'default'}"
                        + (f"; resuming at step {step}" if step else ""))
+        if cfg.n_experts:
+            progress.print(describe_experts(cfg, n_params))
         if ranks.dp:
             progress.print(ranks.describe(run_opts["batch"]))
         with Interrupted() as ctrl_c:
@@ -454,7 +525,8 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
                                               min_lr=run_opts["min_lr"]),
                 step=step, total=total, progress=progress, stop=stop, history=history,
                 after_step=save_every, clip=run_opts["clip"], grad_sync=sync,
-                precision=precision, micro_batches=args.micro_batches)
+                precision=precision, micro_batches=args.micro_batches,
+                flops_per_step=train_step_flops(cfg, run_opts["batch"], task.seq))
             if not ok:
                 return 1
             # Still inside Interrupted: a Ctrl-C now waits for the save to finish.
@@ -478,6 +550,11 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
     if precision.scaler is not None:
         say(f"loss scale {precision.scaler.scale:g}; {precision.scaler.skipped} steps skipped "
             f"for an overflow")
+    for line in loss_against_flops(history):
+        say(line)
+    if cfg.n_experts:
+        for line in expert_report(params, cfg, task, run_opts):
+            say(line)
     say(f"saved {path} and {args.out / HISTORY}")
     if args.samples:
         say("samples:")
@@ -486,6 +563,49 @@ def run(args, parser, given=frozenset(), ranks=None) -> int:
         if task.name != "text":
             say(f"{right} of {args.samples} right")
     return 0
+
+
+# ---------------------------------------------------------------- the report
+
+def describe_experts(cfg, n_params) -> str:
+    capacity = "no capacity limit" if cfg.capacity_factor is None else \
+        f"capacity factor {cfg.capacity_factor:g}"
+    return (f"mixture of experts: {cfg.n_experts} experts of width {cfg.expert_d_ff} per block, "
+            f"top-{cfg.experts_per_token}, balance coef {cfg.balance_loss_coef:g}, {capacity}; "
+            f"{active_params(cfg):,} of the {n_params:,} params active per token")
+
+
+def loss_against_flops(history, points=REPORT_POINTS) -> list:
+    """A few rows of (step, training FLOPs so far, mean loss of the steps since the row
+    before): the loss against steps and against compute, from history's rows."""
+    rows = [r for r in history if "flops" in r]
+    if not rows:
+        return []
+    ends = sorted({max(1, round(len(rows) * i / points)) for i in range(1, points + 1)})
+    out, start = ["loss against steps and training FLOPs (measure/flops.py):"], 0
+    for end in ends:
+        window = rows[start:end]
+        out.append(f"  step {window[-1]['step']:>6}  {window[-1]['flops']:.3e} FLOPs  "
+                   f"loss {np.mean([r['loss'] for r in window]):.3f}")
+        start = end
+    return out
+
+
+def expert_report(params, cfg, task, run_opts) -> list:
+    """Each MoE layer's load over its experts on a held-out batch, its coefficient of
+    variation, and the choices the capacity dropped."""
+    tokens, _ = task.batch(run_opts["batch"], np.random.default_rng(run_opts["seed"] + 104729))
+    acts = ActivationRecord()
+    forward(params, cfg, tokens, acts=acts)
+    cv, lost, loads = load_cv(acts, cfg), dropped(acts, cfg), expert_load(acts, cfg)
+    choices = tokens.size * cfg.experts_per_token
+    out = [f"expert load on a held-out batch of {tokens.size} tokens ({choices} choices per "
+           f"layer):"]
+    for i, value in cv.items():
+        drop = f", {lost[i]} dropped ({lost[i] / choices:.1%})" \
+            if cfg.capacity_factor is not None else ""
+        out.append(f"  layer {i}: CV {value:.2f}  load {' '.join(map(str, loads[i]))}{drop}")
+    return out
 
 
 def main(argv=None) -> int:

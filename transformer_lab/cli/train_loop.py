@@ -22,7 +22,8 @@ clock = time.perf_counter  # the training loop's clock (a test may replace it)
 # ---------------------------------------------------------------- the loop
 
 def run_steps(params, cfg: Config, opt, batch, lr_at, *, step, total, progress, stop, history,
-              budget=None, replan=None, after_step=None, grad_sync=None, **step_options):
+              budget=None, replan=None, after_step=None, grad_sync=None, flops_per_step=None,
+              **step_options):
     """The one training loop of both commands (nanoGPT's): a batch, the learning rate, one
     train_step, a row of history and progress, until `total` steps, a Ctrl-C (`stop`) or
     `budget` seconds. batch() -> (tokens, targets); lr_at(step, total) -> the lr. A budget
@@ -32,7 +33,10 @@ def run_steps(params, cfg: Config, opt, batch, lr_at, *, step, total, progress, 
 
     grad_sync: data parallel (cli/ranks.py): batch() gives the global batch, this rank
     trains on its rows, and stop.settle(elapsed) makes the stop and the clock every rank's
-    (Interrupted.settle returns the elapsed seconds as they are)."""
+    (Interrupted.settle returns the elapsed seconds as they are).
+
+    flops_per_step: each row also holds "flops", the training FLOPs up to its step
+    (measure/flops.py's train_step_flops times the step), to plot the loss against compute."""
     precision = step_options.get("precision")
     first_seconds, t0 = 0.0, clock()
     while step < total:
@@ -57,6 +61,8 @@ def run_steps(params, cfg: Config, opt, batch, lr_at, *, step, total, progress, 
         row = {"step": step, "loss": loss, "grad_norm": norm, "lr": opt.lr, "seconds": seconds,
                "tokens_per_s": tokens.size / seconds,
                "supervised": int((targets >= 0).sum()), "elapsed": elapsed}
+        if flops_per_step is not None:
+            row["flops"] = step * flops_per_step
         if budget is not None:
             if step >= PROBE_STEPS:
                 total = replan(step, elapsed, first_seconds)
