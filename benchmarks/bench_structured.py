@@ -111,8 +111,10 @@ def print_structured(out, s):
     out.table(["constraint", "parse", "valid", "fields", "hit max_tokens"],
               [[r["constraint"], f"{r['parse']}/{r['prompts']}", f"{r['valid']}/{r['prompts']}",
                 f"{r['fields']}/{r['prompts']}", r["length"]] for r in s["validity"]],
-              caption="Greedy replies of the base model to json-extract's held-out prompts.")
-    out.observations([f"The cached mask is {s['mask_of_step']:.1%} of a decode step "
+              caption="Greedy replies of the base model to json-extract's held-out prompts. "
+                      "parse: the whole reply is JSON; valid: it fits json-extract's schema "
+                      "(name, age, city); fields: task.score's fields are right.")
+    out.observations([f"The cached mask is {s['mask_of_step']:.2%} of a decode step "
                       f"(target <= {MASK_OF_STEP_MAX:.0%})."])
 
 
@@ -123,7 +125,7 @@ def structured_targets(s):
                  "measured_text": f"skipped: {s['skipped']}", "met": None}]
     schema = next(r for r in s["validity"] if r["constraint"] == "schema")
     return [{"name": name, "target": f"<= {MASK_OF_STEP_MAX:.0%}", "measured": s["mask_of_step"],
-             "measured_text": f"{s['mask_of_step']:.1%}", "met": s["mask_of_step"] <= MASK_OF_STEP_MAX},
+             "measured_text": f"{s['mask_of_step']:.2%}", "met": s["mask_of_step"] <= MASK_OF_STEP_MAX},
             {"name": "structured outputs: json-extract replies valid under the schema",
              "target": "100 %", "measured": schema["valid"] / schema["prompts"],
              "measured_text": f"{schema['valid']}/{schema['prompts']}",
