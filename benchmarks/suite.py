@@ -20,15 +20,16 @@ from .bench_serving import print_serving, run_serving, serving_targets
 from .bench_speculative import print_speculative, run_speculative, speculative_targets
 from .bench_structured import print_structured, run_structured, structured_targets
 from .bench_finetune import print_finetune, run_finetune
+from .bench_tp_serving import print_tp_serving, run_tp_serving
 from .bench_train import run_train, train_config
 from .machine import load_average, machine_info
 from .output import Output
 
 SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative",
-            "finetune", "structured", "parallel")
+            "finetune", "structured", "parallel", "tp-serving")
 # What a run without --only covers: serving, online, speculative and finetune need the real model
 # (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), and
-# parallel starts ranks of its own under mpiexec, so they run when named
+# parallel and tp-serving start ranks of their own under mpiexec, so they run when named
 # (python -m benchmarks --only serving).
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -269,7 +270,8 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
                                                       profile.spec_prompts_per_kind),
                               print_speculative),
               "structured": (lambda: run_structured(profile.structured_prompts), print_structured),
-              "parallel": (lambda: run_parallel(quick=quick), print_parallel)}
+              "parallel": (lambda: run_parallel(quick=quick), print_parallel),
+              "tp-serving": (lambda: run_tp_serving(quick=quick), print_tp_serving)}
     for name, (run, show) in simple.items():
         if name in sections:
             results[name] = run()
