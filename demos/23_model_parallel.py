@@ -10,13 +10,17 @@ all-gather (the same bytes) and keeps the stream between them cut along the sequ
 pipeline gives each rank a run of layers and sends activations on and grads back; its
 schedule decides the idle time (the bubble) and how many micro-batches' activations a stage
 holds. Ring attention passes K/V shards around a ring so no rank holds the whole sequence.
+Serving with tensor parallel runs the engine on rank 0, broadcasts each step's batch, and
+every rank runs tp_forward over its shard against a KV pool of its own K/V groups.
 
 The lines it teaches: transformer_lab/parallel/tensor.py's tp_block (the two g's, the
 all-reduces) and _f_and_g (all-reduce against reduce-scatter + all-gather), tp_saved_shapes;
 parallel/pipeline.py's pipeline_schedule (gpipe: all F then all B; 1f1b: p - s - 1 warm-up
 forwards, then one F one B), pipeline_timeline, bubble, peak_in_flight and
 pipeline_loss_and_grads; parallel/context.py's ring_attention (return_work) and
-layout_chunks (zigzag: rank r holds chunks r and 2N - 1 - r).
+layout_chunks (zigzag: rank r holds chunks r and 2N - 1 - r); serve/tp_runner.py's
+TPModelRunner.run (broadcast the batch, then tp_forward with the StepCache), serve_worker,
+and tensor.py's _plan with uneven=True (9 heads over 2 ranks: 5 and 4).
 
 Every rank here is a thread of this one process (run_ranks), with the communicator's
 interface that MPI ranks have: no mpiexec is needed. --quick uses smaller sequences and
@@ -40,6 +44,8 @@ from transformer_lab.parallel.pipeline import (KINDS, bubble, bubble_formula, pe
                                                pipeline_loss_and_grads, pipeline_schedule,
                                                pipeline_timeline, pp_shard)
 from transformer_lab.parallel.tensor import tp_forward, tp_saved_shapes, tp_shard
+from transformer_lab.serve import LLM, SamplingParams
+from transformer_lab.serve.tp_runner import head_split
 from transformer_lab.training.backward import loss_and_grads
 
 NUMBER = 23
@@ -55,6 +61,10 @@ PP_BATCH = (8, 6)
 RING_N = 4
 RING_T, QUICK_RING_T = 128, 32  # 2N zigzag chunks of 16 (or 4) positions
 RING_HEADS = (4, 2, 8)  # H query heads, G K/V groups, head dim
+# Serving: SmolLM2's heads in small (9 query heads, 3 K/V groups), which 2 ranks split 5 + 4.
+SERVE_CFG = TINY.replace(d_model=36, n_heads=9, n_kv_heads=3, d_ff=48)
+SERVE_N = 2
+SERVE_LENGTHS, SERVE_NEW, QUICK_SERVE_NEW = (3, 7, 12, 20), 16, 8
 
 
 # ---------------------------------------------------------------- tensor and sequence parallel
@@ -148,6 +158,32 @@ def ring_case(T, layout, n=RING_N):
             "work": work, "formula": ring_work(T, n, layout)}
 
 
+# ---------------------------------------------------------------- serving
+
+def serving_case(new, n=SERVE_N):
+    """The engine's greedy tokens at tensor_parallel_size=1 and n (in-process ranks), and
+    what tensor parallel counted: rank 0's all-reduce calls and bytes per token, the K/V
+    heads of rank 0's pool."""
+    cfg, params = SERVE_CFG, init_params(SERVE_CFG, seed=SEED)
+    rng = np.random.default_rng(SEED)
+    prompts = [[int(t) for t in rng.integers(0, cfg.vocab, length)] for length in SERVE_LENGTHS]
+    greedy = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
+    options = dict(num_blocks=32, block_size=4, max_num_batched_tokens=16)  # chunked prefills
+
+    def tokens(llm):
+        return [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    one = tokens(LLM.from_params(cfg, params, **options))
+    with LLM.from_params(cfg, params, tensor_parallel_size=n,
+                         distributed_executor_backend="threads", **options) as tp:
+        many = tokens(tp)
+        stats, pool_heads = tp.stats(), tp.pool.k[0].shape[2]
+    return {"n": n, "heads": cfg.n_heads, "groups": cfg.n_kv_heads, "layers": cfg.n_layers,
+            "d": cfg.d_model, "split": head_split(cfg, n), "one": one, "tp": many,
+            "calls": stats["tp_all_reduce_calls"], "steps": stats["steps"],
+            "bytes_per_token": stats["tp_all_reduce_bytes_per_token"],
+            "pool_heads": pool_heads}
+
+
 def compute(quick=False):
     T = QUICK_RING_T if quick else RING_T
     return {"quick": quick,
@@ -156,7 +192,8 @@ def compute(quick=False):
             "timelines": timelines(), "p": PP_STAGES, "m": PP_MICRO,
             "bubbles": bubbles(QUICK_BUBBLE_M if quick else BUBBLE_M),
             "runs": [pipeline_run(kind) for kind in KINDS],
-            "ring": [ring_case(T, layout) for layout in ("contiguous", "zigzag")]}
+            "ring": [ring_case(T, layout) for layout in ("contiguous", "zigzag")],
+            "serve": serving_case(QUICK_SERVE_NEW if quick else SERVE_NEW)}
 
 
 # ---------------------------------------------------------------- what the results say
@@ -183,7 +220,17 @@ def findings(result):
     ring = {r["layout"]: r for r in result["ring"]}
     spread = {k: max(r["work"]) / min(r["work"]) for k, r in ring.items()}
     peaks = {k: v["peaks"] for k, v in result["timelines"].items()}
-    return {"tp": tp, "tp_worst": max(max(r["diff"], r["sp_diff"]) for r in tp),
+    serve = result["serve"]
+    # at 2 ranks rank 0 sends each all-reduce whole: 2 per block and the embedding's, d
+    # float64 numbers a token each
+    serve_want = (2 * serve["layers"] + 1) * serve["d"] * 8
+    return {"serve_same": serve["one"] == serve["tp"],
+            "serve_tokens": sum(len(t) for t in serve["one"]),
+            "serve_bytes_want": serve_want,
+            "serve_counted": serve["bytes_per_token"] == serve_want
+            and serve["calls"] == (2 * serve["layers"] + 1) * serve["steps"],
+            "serve_pool_heads": [g["g1"] - g["g0"] for g in serve["split"]],
+            "tp": tp, "tp_worst": max(max(r["diff"], r["sp_diff"]) for r in tp),
             "tp_counted": all(r["counted"] for r in tp),
             "sp_same_bytes": all(r["sp_same_bytes"] for r in tp),
             "sp_shrink": [r["saved_one"] / r["saved_sp"] for r in tp],
@@ -240,6 +287,13 @@ def observations(result, lang):
                             held=t["held_same" if f["held_is_schedule"] else "held_differs"]),
         t["obs_ring"].format(worst=f"{f['ring_worst']:.1e}", c=_ratio(c), z=_ratio(z), n=n,
                              bound=2 * n - 1),
+        t["obs_serve"].format(
+            n=result["serve"]["n"], h=result["serve"]["heads"], g=result["serve"]["groups"],
+            split=" + ".join(str(s["h1"] - s["h0"]) for s in result["serve"]["split"]),
+            kv=t["kv_join"].join(str(k) for k in f["serve_pool_heads"]),
+            tokens=f["serve_tokens"], same=t["serve_same" if f["serve_same"] else "serve_differ"],
+            bytes=f"{result['serve']['bytes_per_token']:,.0f}",
+            counted=t["serve_counted" if f["serve_counted"] else "serve_not_counted"]),
     ]
 
 
@@ -291,6 +345,17 @@ def render(result, lang):
                 [[r["layout"], f"{r['diff']:.1e}", *r["work"],
                   _ratio(max(r["work"]) / min(r["work"]))] for r in result["ring"]],
                 caption=t["ring_caption"])
+
+    serve = result["serve"]
+    print_section(t["serve_title"].format(n=serve["n"]))
+    _table(["rank", t["q_heads"], t["kv_groups"]],
+           [[r, f"{s['h0']}-{s['h1'] - 1}", f"{s['g0']}-{s['g1'] - 1}"]
+            for r, s in enumerate(serve["split"])],
+           caption=t["split_caption"].format(h=serve["heads"], g=serve["groups"]))
+    _table([t["request"], t["tokens_one"], f"TP = {serve['n']}"],
+           [[i, " ".join(map(str, one)), t["yes" if one == many else "no"]]
+            for i, (one, many) in enumerate(zip(serve["one"], serve["tp"]))],
+           caption=t["serve_caption"].format(layers=serve["layers"], d=serve["d"]))
     print_observations(observations(result, lang))
 
 
@@ -390,6 +455,21 @@ TEXT = {
         "obs_ring": "环形注意力两种布局的输出与参考实现相差至多 {worst}。因果掩码下 contiguous "
                     "布局各 rank 的工作量 max/min = {c}（接近 2N-1 = {bound}），zigzag 为 {z}："
                     "每个 rank 一早一晚两块，工作量相等。",
+        "serve_title": "张量并行推理：引擎在 rank 0，tensor_parallel_size = {n}",
+        "q_heads": "查询头", "kv_groups": "K/V 组",
+        "split_caption": "{h} 个查询头、{g} 个 K/V 组（SmolLM2 的头数，模型缩小）：2 不能整除 "
+                         "{h}，头按 np.array_split 切分；每个 rank 的 KV 池只存它的头读的组，"
+                         "两个 rank 都读的组两边都存、都算。",
+        "request": "请求", "tokens_one": "TP = 1 的贪心 token",
+        "serve_caption": "float64、{layers} 层、d = {d} 的随机模型，引擎（调度、采样）只在 rank 0："
+                         "每步广播批次，各 rank 用自己的分片和 KV 池跑 tp_forward。最后一列："
+                         "与 TP = 1 的 token 是否相同。",
+        "serve_same": "完全相同", "serve_differ": "并不相同", "kv_join": "、",
+        "serve_counted": "正好是 (2·层数 + 1) × d × 8",
+        "serve_not_counted": "与 (2·层数 + 1) × d × 8 不符",
+        "obs_serve": "张量并行推理（N = {n}，{h} 个查询头按 {split} 切分，各 rank 的 KV 池存 "
+                     "{kv} 个组，共 {g} 组）贪心生成的 {tokens} 个 token 与单 rank {same}；"
+                     "rank 0 每个 token all-reduce {bytes} 字节，{counted}。",
         "figure_bubble": "气泡", "figure_measured": "实测", "figure_m": "微批数 m",
         "figure_bubble_title": "气泡与 m，p = {p}：实测（时间线）与公式",
         "figure_title": "流水线时间线，p = {p}，m = {m}（蓝：前向，橙：反向，数字为微批）",
@@ -457,6 +537,25 @@ TEXT = {
                     "layouts. Under the causal mask the contiguous layout's work per rank has "
                     "max/min = {c} (near 2N-1 = {bound}), zigzag's {z}: each rank holds an "
                     "early and a late chunk, so the work is equal.",
+        "serve_title": "Serving with tensor parallel: the engine on rank 0, "
+                       "tensor_parallel_size = {n}",
+        "q_heads": "query heads", "kv_groups": "K/V groups",
+        "split_caption": "{h} query heads in {g} K/V groups (SmolLM2's heads, the model made "
+                         "small): 2 does not divide {h}, so the heads split as np.array_split "
+                         "splits them; each rank's KV pool holds only the groups its heads "
+                         "read, and a group read on both ranks is kept and computed on both.",
+        "request": "request", "tokens_one": "greedy tokens, TP = 1",
+        "serve_caption": "A random float64 model, {layers} layers, d = {d}; the engine "
+                         "(scheduler, sampling) runs on rank 0 alone, broadcasts each step's "
+                         "batch, and every rank runs tp_forward over its shard and its own KV "
+                         "pool. Last column: the same tokens as TP = 1.",
+        "serve_same": "the same as one rank's", "serve_differ": "not the same as one rank's",
+        "kv_join": " and ",
+        "serve_counted": "exactly (2·layers + 1) × d × 8",
+        "serve_not_counted": "not (2·layers + 1) × d × 8",
+        "obs_serve": "Serving with tensor parallel (N = {n}, {h} query heads split {split}, "
+                     "each rank's KV pool {kv} of the {g} groups) greedy-decoded {tokens} "
+                     "tokens, {same}; rank 0 all-reduced {bytes} bytes a token, {counted}.",
         "figure_bubble": "bubble", "figure_measured": "measured",
         "figure_m": "micro-batches m",
         "figure_bubble_title": "The bubble against m, p = {p}: measured on the timeline, and "

@@ -97,18 +97,42 @@ def test_ring_attention_equals_the_reference_and_zigzag_balances_the_work(result
         flat(D23.observations(result, "en")[5])
 
 
+def test_serving_with_tensor_parallel_gives_one_ranks_tokens(result):
+    serve, f = result["serve"], D23.findings(result)
+    assert (serve["n"], serve["heads"], serve["groups"]) == (2, 9, 3)
+    assert serve["split"] == [{"h0": 0, "h1": 5, "g0": 0, "g1": 2},
+                              {"h0": 5, "h1": 9, "g0": 1, "g1": 3}]
+    assert serve["pool_heads"] == 2 and f["serve_pool_heads"] == [2, 2]
+    assert len(serve["one"]) == len(D23.SERVE_LENGTHS)
+    assert all(len(t) == D23.QUICK_SERVE_NEW for t in serve["one"])
+    assert serve["tp"] == serve["one"] and f["serve_same"]
+    assert f["serve_tokens"] == len(D23.SERVE_LENGTHS) * D23.QUICK_SERVE_NEW
+    # two all-reduces per block and the embedding's, d float64 numbers a token each
+    assert serve["bytes_per_token"] == f["serve_bytes_want"] == (2 * 2 + 1) * 36 * 8
+    assert serve["calls"] == 5 * serve["steps"] and f["serve_counted"]
+    text = flat(rendered_text(D23, result, "en"))
+    assert "0 0-4 0-1" in text and "1 5-8 1-2" in text
+    obs = flat(D23.observations(result, "en")[6])
+    assert "9 query heads split 5 + 4, each rank's KV pool 2 and 2 of the 3 groups" in obs
+    assert "the same as one rank's" in obs and "1,440 bytes a token, exactly" in obs
+
+
 def test_observations_follow_the_numbers(result):
     obs = D23.observations(result, "en")
     text = flat(rendered_text(D23, result, "en"))
-    assert len(obs) == 6 and all(flat(o)[:30] in text for o in obs)
+    assert len(obs) == 7 and all(flat(o)[:30] in text for o in obs)
     other = copy.deepcopy(result)
     other["tp"][0]["stats"][0]["all_reduce"]["calls"] += 1
     other["runs"][0]["held"][0] += 1
     other["bubbles"][0]["gpipe"] += 1e-3
+    other["serve"]["tp"][0] = other["serve"]["tp"][0][:-1] + [0]
+    other["serve"]["bytes_per_token"] += 8
     changed = [flat(o) for o in D23.observations(other, "en")]
     assert "differ from the formula" in changed[0]
     assert "within 1e-03 of (p-1)/(m+p-1)" in changed[2]
     assert "differ from the schedule's peaks" in changed[4]
+    assert "not the same as one rank's" in changed[6]
+    assert "not (2·layers + 1) × d × 8" in changed[6]
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

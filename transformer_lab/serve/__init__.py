@@ -32,6 +32,9 @@ The design, one job per file (after nano-vllm's layout, our own code):
                   stores K/V into the pool ([num_blocks, block_size, G, D] per layer) and
                   attends: prefill chunks one by one, decodes and verify chunks a group
                   at a time over their blocks gathered per step, each at its own position.
+- tp_runner.py    LLM(tensor_parallel_size=N): the engine on rank 0 broadcasts each step's
+                  batch; every rank runs parallel.tensor.tp_forward over its shard and a
+                  KV pool of its own K/V groups (tp_worker.py: the MPI worker's entry).
 - llm.py          LLM: checks requests (ValueError naming the request), adds them, steps
                   until done, samples each request with its own seeded generator
                   (temperature, top_k, top_p, min_p) or accepts its drafts, collects
