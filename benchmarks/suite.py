@@ -12,6 +12,7 @@ from console import to_jsonable
 from transformer_lab.measure import UNSTEADY, WAIT_LIMIT
 
 from .bench_attention import run_attention
+from .bench_moe import print_moe, run_moe
 from .bench_model import (make_params, memory_report, mid_config, run_decode, run_forward,
                           run_smollm2_decode)
 from .bench_online import print_online, run_online
@@ -26,11 +27,11 @@ from .machine import load_average, machine_info
 from .output import Output
 
 SECTIONS = ("attention", "forward", "decode", "train", "serving", "online", "speculative",
-            "finetune", "structured", "parallel", "tp-serving")
+            "finetune", "structured", "parallel", "tp-serving", "moe")
 # What a run without --only covers: serving, online, speculative and finetune need the real model
 # (SmolLM2) and take minutes (online: most of an hour on a loaded 2-core machine), and
 # parallel and tp-serving start ranks of their own under mpiexec, so they run when named
-# (python -m benchmarks --only serving).
+# (python -m benchmarks --only serving); so does moe, a section of its own lesson.
 DEFAULT_SECTIONS = ("attention", "forward", "decode", "train")
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 
@@ -277,6 +278,11 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
             results[name] = run()
             results["load"][f"after_{name}"] = load_average()
             show(out, results[name])
+
+    if "moe" in sections:
+        results["moe"] = run_moe(quick=profile.name == "quick")
+        results["load"]["after_moe"] = load_average()
+        print_moe(out, results["moe"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

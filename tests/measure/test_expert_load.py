@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from transformer_lab import ActivationRecord, forward, init_params, llama_config
-from transformer_lab.measure.expert_load import (dropped, expected_experts_read, expert_load,
+from transformer_lab.measure.expert_load import (decode_experts_read, decode_weight_bytes,
+                                                 dropped, expected_experts_read, expert_load,
                                                  experts_read, load_cv)
+from transformer_lab.measure.flops import matmul_weights
 
 
 def cfg_of(**fields):
@@ -49,3 +51,27 @@ def test_read_from_a_forward_with_capacity():
     assert experts_read(acts, cfg) == {1: len(np.unique(experts))}
     # each expert keeps ceil(0.5 * 16 * 2 / 4) = 4 choices
     assert dropped(acts, cfg)[1] == sum(max(0, n - 4) for n in expert_load(acts, cfg)[1]) > 0
+
+
+def test_decode_reads_k_experts_at_batch_1_and_more_as_the_batch_grows():
+    cfg = cfg_of(experts_per_token=2, n_experts=8, first_dense_layers=0)
+    params = init_params(cfg, seed=3)
+    one = decode_experts_read(params, cfg, 1, steps=3)
+    assert one["expected"] == 2 and one["mean"] == 2  # one token, k distinct experts
+    assert one["per_step"] == [{0: 2, 1: 2}] * 3
+    many = decode_experts_read(params, cfg, 32, steps=3)
+    assert many["expected"] == pytest.approx(8 * (1 - 0.75 ** 32))
+    assert 2 < many["mean"] <= 8
+    with pytest.raises(ValueError, match="more than max_seq=16"):
+        decode_experts_read(params, cfg, 2, steps=10, prompt=8)
+    with pytest.raises(ValueError, match="no experts"):
+        decode_experts_read(params, cfg.replace(n_experts=0, experts_per_token=None), 2)
+
+
+def test_decode_weight_bytes_by_hand():
+    cfg = cfg_of(experts_per_token=2, first_dense_layers=1)  # one MoE layer of 4 experts
+    expert = 3 * 8 * 8 * 8  # gate, up and down of [8, 8], float64
+    base = matmul_weights(cfg) * 8
+    assert decode_weight_bytes(cfg) == decode_weight_bytes(cfg, 2) == base
+    assert decode_weight_bytes(cfg, 4) == base + 2 * expert
+    assert decode_weight_bytes(cfg, 1.5) == base - 0.5 * expert

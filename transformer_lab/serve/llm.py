@@ -114,7 +114,8 @@ class RequestOutput:
 def product_weights(params, cfg) -> list:
     """One weight of each shape and memory order that the model's products multiply by
     (packed Q/K/V and gate/up where the params hold them packed, the tied head as
-    tok_emb.T): what invariant_block_rows checks."""
+    tok_emb.T, a mixture of experts' router, experts and shared experts): what
+    invariant_block_rows checks."""
     weights = [params["tok_emb"].T if cfg.tie_embeddings else params["lm_head"]["w"]]
     for block in params["blocks"]:
         for group in (block["attn"], block.get("mlp", {})):
@@ -124,6 +125,10 @@ def product_weights(params, cfg) -> list:
             weights += list(packed)
             weights += [w for k, w in group.items()
                         if k not in in_packed and isinstance(w, np.ndarray) and w.ndim == 2]
+        moe = block.get("moe", {})  # a mixture of experts: one expert of each stack is enough
+        weights += [moe[k][0] for k in ("w_gate", "w_up", "w_down") if k in moe]
+        weights += [w for k, w in moe.items() if k in ("router", "shared_gate")]
+        weights += list(moe.get("shared", {}).values())
     unique = {}
     for w in weights:
         unique.setdefault((w.shape, w.strides, w.dtype), w)
