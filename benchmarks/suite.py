@@ -272,17 +272,13 @@ def run_all(profile=FULL, json_path=DEFAULT_JSON, *, sections=DEFAULT_SECTIONS, 
                               print_speculative),
               "structured": (lambda: run_structured(profile.structured_prompts), print_structured),
               "parallel": (lambda: run_parallel(quick=quick), print_parallel),
-              "tp-serving": (lambda: run_tp_serving(quick=quick), print_tp_serving)}
+              "tp-serving": (lambda: run_tp_serving(quick=quick), print_tp_serving),
+              "moe": (lambda: run_moe(quick=quick), print_moe)}
     for name, (run, show) in simple.items():
         if name in sections:
             results[name] = run()
             results["load"][f"after_{name}"] = load_average()
             show(out, results[name])
-
-    if "moe" in sections:
-        results["moe"] = run_moe(quick=profile.name == "quick")
-        results["load"]["after_moe"] = load_average()
-        print_moe(out, results["moe"])
 
     results["targets"] = evaluate_targets(results)
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
