@@ -40,10 +40,6 @@ from .validate import check_int
 DRAFT_CALLS = ("start", "propose", "rollback")
 
 
-def _int_at_least(value, name, low):
-    return check_int(value, name, low=low)
-
-
 # ---------------------------------------------------------------- how a token is picked
 
 @dataclass
@@ -85,8 +81,8 @@ class NgramDraft:
     vocab = None  # works with any vocabulary
 
     def __init__(self, max_n=3, min_n=1):
-        self.max_n = _int_at_least(max_n, "NgramDraft: max_n", 1)
-        self.min_n = _int_at_least(min_n, "NgramDraft: min_n", 1)
+        self.max_n = check_int(max_n, "NgramDraft: max_n", low=1)
+        self.min_n = check_int(min_n, "NgramDraft: min_n", low=1)
         if self.min_n > self.max_n:
             raise ValueError(f"NgramDraft: min_n ({min_n}) must be <= max_n ({max_n})")
 
@@ -168,7 +164,7 @@ class ModelDraft:
 def truncated_draft(params, cfg: Config, n_layers):
     """Self-speculation (as LayerSkip does, here without its training): the target's first
     n_layers blocks with its final norm and head, as a ModelDraft. Shares the arrays."""
-    n_layers = _int_at_least(n_layers, "truncated_draft: n_layers", 1)
+    n_layers = check_int(n_layers, "truncated_draft: n_layers", low=1)
     if n_layers > cfg.n_layers:
         raise ValueError(f"truncated_draft: n_layers={n_layers} exceeds the model's {cfg.n_layers}")
     draft = {key: value for key, value in params.items() if key != "blocks"}
@@ -256,12 +252,12 @@ class SpeculativeDecoder:
         if prompt.shape[0] != 1:
             raise ValueError(f"speculative decoding takes one sequence, prompt [1, T]; got "
                              f"shape {prompt.shape}")
-        max_new_tokens = _int_at_least(max_new_tokens, "max_new_tokens", 0)
+        max_new_tokens = check_int(max_new_tokens, "max_new_tokens", low=0)
         T = prompt.shape[1]
         if T + max_new_tokens > cfg.max_seq:
             raise ValueError(f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds "
                              f"max_seq={cfg.max_seq}")
-        self.k = _int_at_least(k, "k (drafts per pass)", 1)
+        self.k = check_int(k, "k (drafts per pass)", low=1)
         _check_sampling(greedy, temperature, top_k, cfg.vocab, seed, top_p, min_p)
         draft = NgramDraft() if draft is None else draft
         _check_draft(draft, cfg.vocab)
@@ -408,7 +404,7 @@ def stats_line(stats):
 def chi2_sf(x, df):
     """P(χ² with df degrees of freedom >= x): the regularized upper incomplete gamma
     Q(df/2, x/2), by its series below s + 1 and its continued fraction above."""
-    df = _int_at_least(df, "chi2_sf: df", 1)
+    df = check_int(df, "chi2_sf: df", low=1)
     if not x > 0:
         return 1.0
     return regularized_gamma_q(df / 2.0, x / 2.0)

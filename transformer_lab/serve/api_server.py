@@ -263,25 +263,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ routes
 
-    def do_GET(self):
-        self._route("GET")
-
-    def do_POST(self):
-        self._route("POST")
-
-    def do_PUT(self):
-        self._route("PUT")
-
-    def do_DELETE(self):
-        self._route("DELETE")
-
-    def do_PATCH(self):
-        self._route("PATCH")
-
     ROUTES = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST",
               "/health": "GET", "/metrics": "GET"}
 
-    def _route(self, method):
+    def _route(self):
+        method = self.command
         self.active = True
         path = self.path.split("?", 1)[0]
         if len(path) > 1:
@@ -329,6 +315,9 @@ class _Handler(BaseHTTPRequestHandler):
                                  type="server_error"))
         finally:
             self.active = False
+
+    # http.server calls do_<METHOD>: every method is routed, a wrong one answered 405.
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _route
 
     def _check_key(self):
         key = self.server_api.api_key
@@ -407,14 +396,15 @@ class _Handler(BaseHTTPRequestHandler):
             api.engine.abort(handle)  # a no-op once it finished; frees it if not
 
     def _events(self, handle):
-        """The handle's events as they come; None when the client went away."""
+        """The handle's events as they come; when the client went away they stop early,
+        the connection marked to close."""
         while True:
             try:
                 event = handle.events.get(timeout=POLL)
             except queue.Empty:
                 event = None
             if self._client_gone():
-                yield None
+                self.close_connection = True
                 return
             if event is None:
                 continue
@@ -424,13 +414,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _follow(self, req, handle):
         """(new text, new token ids, finish reason or None, error) per event, text decoded
-        and stop strings applied; None when the client went away."""
+        and stop strings applied; they stop early when the client went away (_events)."""
         api = self.server_api
         text = TextStream(api.model.tokenizer, req.stop) if api.model.tokenizer else None
         for event in self._events(handle):
-            if event is None:
-                yield None
-                return
             if event[0] == "error":
                 yield "", [], None, event[1]
                 return
@@ -444,17 +431,11 @@ class _Handler(BaseHTTPRequestHandler):
                     reason = "stop"
                 if reason is not None:
                     piece += text.finish()
-            yield piece, list(tokens), reason, None
-            if reason is not None:
-                return
+            yield piece, list(tokens), reason, None  # _events ends after a finish reason
 
     def _complete(self, req, handle):
         pieces, ids = [], []
-        for item in self._follow(req, handle):
-            if item is None:
-                self.close_connection = True
-                return
-            piece, tokens, reason, error = item
+        for piece, tokens, reason, error in self._follow(req, handle):
             if error is not None:
                 raise error
             pieces.append(piece)
@@ -474,11 +455,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         name, first, total = self.server_api.model_name, True, 0
         try:
-            for item in self._follow(req, handle):
-                if item is None:
-                    self.close_connection = True
-                    return
-                piece, tokens, reason, error = item
+            for piece, tokens, reason, error in self._follow(req, handle):
                 if error is not None:
                     self._sse(error.body())
                     break
@@ -493,6 +470,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if req.include_usage:
                         self._sse(protocol.usage_chunk(req, name, total))
                     break
+            else:
+                return  # the client went away (_events): nothing more to send
             self._chunked(b"data: [DONE]\n\n")
             self._chunked(b"")
         except (ConnectionError, socket.timeout, TimeoutError):

@@ -8,11 +8,10 @@ chunks of /v1/completions and /v1/chat/completions.
 Fields taken (OpenAI's names, and vLLM's extensions top_k, min_p, ignore_eos,
 stop_token_ids, return_token_ids): model, prompt (a string, token ids, or a list of
 one of those) or messages, max_tokens (max_completion_tokens for chat), temperature,
-top_p, top_k, min_p, seed, stop (a string or a list), stream,
-stream_options.include_usage. Fields
-with a value this engine cannot honour (n > 1, logprobs, penalties,
-echo, best_of > 1, a suffix, logit_bias) are refused by name with 400 rather than
-ignored; fields OpenAI has that change nothing here (user, ...) are ignored.
+top_p, top_k, min_p, seed, stop (a string or a list), stream, stream_options.include_usage.
+Fields with a value this engine cannot honour (n > 1, logprobs, penalties, echo,
+best_of > 1, a suffix, logit_bias) are refused by name with 400 rather than ignored;
+fields OpenAI has that change nothing here (user, ...) are ignored.
 
 Structured outputs: response_format {"type": "json_object"} (any JSON object; unlike
 OpenAI's, the messages need not say "json") or {"type": "json_schema", "json_schema":
@@ -261,10 +260,7 @@ def _common(body, model: ModelInfo, kind, prompt_ids, prompt_text, max_tokens_na
     stop_ids = _optional(body, "stop_token_ids",
                          lambda v: isinstance(v, list) and all(is_int(t) for t in v),
                          "an array of integers", [])
-    for t in stop_ids:
-        if not 0 <= t < model.vocab:
-            raise bad_request(f"'stop_token_ids' holds {t}, outside [0, {model.vocab})",
-                              param="stop_token_ids")
+    _check_ids(stop_ids, model, "stop_token_ids")
     return_ids = _optional(body, "return_token_ids", lambda v: isinstance(v, bool), "a boolean",
                            False)
     structured, structured_param = _structured_outputs(body)
