@@ -96,7 +96,7 @@ def _swiglu(x, w_gate, w_up, w_down):
     return matmul_rows(hidden, w_down)  # [n, d]
 
 
-def _shared(x, m, cfg: Config):
+def shared_experts(x, m, cfg: Config):
     """The shared experts' output on x [N, d] (every token), sigmoid-gated with
     shared_expert_gate; None without shared experts."""
     if not cfg.n_shared_experts:
@@ -130,7 +130,7 @@ def moe_reference(x, m, cfg: Config):
         if tokens.size:
             out = _swiglu(x[tokens], m["w_gate"][e], m["w_up"][e], m["w_down"][e])
             y[tokens] += weights[tokens, slot, None] * out
-    shared = _shared(x, m, cfg)
+    shared = shared_experts(x, m, cfg)
     if shared is not None:
         y += shared
     return y.reshape(shape)
@@ -152,28 +152,44 @@ def moe_forward(x, m, cfg: Config, *, acts=None, layer=0):
     order = np.argsort(experts.ravel(), kind="stable")  # [N*k] pairs, grouped by expert
     counts = np.bincount(experts.ravel(), minlength=cfg.n_experts)  # tokens per expert
     ends = np.cumsum(counts)
-    gathered = x2[order // k]  # [N*k, d]: pair p's token is p // k
     limit = capacity(x2.shape[0], cfg)
-    taken = counts if limit is None else np.minimum(counts, limit)  # pairs each expert runs
-    outs = np.zeros_like(gathered)  # a dropped pair's output stays 0
-    for e in np.flatnonzero(counts):
-        rows = slice(ends[e] - counts[e], ends[e] - counts[e] + taken[e])
-        outs[rows] = _swiglu(gathered[rows], m["w_gate"][e], m["w_up"][e], m["w_down"][e])
-    per_choice = np.empty_like(outs)
-    per_choice[order] = outs  # back in (token, choice) order
-    y = np.matmul(weights[:, None, :], per_choice.reshape(-1, k, d))[:, 0]  # [N, d]
-    shared = _shared(x2, m, cfg)
-    if shared is not None:
-        y += shared
+    outs = expert_blocks(x2[order // k], counts, m, limit)  # [N*k, d]; pair p is token p // k
+    y = combine(outs, order, weights, x2, m, cfg)
     if acts is not None:
         record(acts, layer, {"moe.router_logits": logits.reshape(B, T, -1),
                              "moe.experts": experts.reshape(B, T, k),
                              "moe.weights": weights.reshape(B, T, k)})
         if limit is not None:
+            taken = np.minimum(counts, limit)  # the pairs each expert ran
             kept = np.empty(order.size, dtype=bool)
             kept[order] = np.arange(order.size) < (ends - counts + taken)[experts.ravel()[order]]
             record(acts, layer, {"moe.kept": kept.reshape(B, T, k)})
     return y.reshape(B, T, d)
+
+
+def expert_blocks(rows, counts, m, limit=None):
+    """rows [n, d] grouped by expert, counts[e] of them expert e's (m's stacked experts, in
+    order): each expert's first min(counts[e], limit) rows through it, one product per
+    weight; the rows past its capacity (dropped) give zeros. Returns [n, d]."""
+    ends = np.cumsum(counts)
+    outs = np.zeros_like(rows)
+    for e in np.flatnonzero(counts):
+        start = ends[e] - counts[e]
+        block = slice(start, start + (counts[e] if limit is None else min(counts[e], limit)))
+        outs[block] = _swiglu(rows[block], m["w_gate"][e], m["w_up"][e], m["w_down"][e])
+    return outs
+
+
+def combine(outs, order, weights, x, m, cfg: Config):
+    """The layer's update [N, d] from the pairs' outputs in sorted order (outs [N*k, d],
+    order the argsort that sorted them): back in (token, choice) order, each token's k
+    summed with its weights [N, k], plus the shared experts on the tokens x [N, d]."""
+    N, k = weights.shape
+    per_choice = np.empty_like(outs)
+    per_choice[order] = outs  # back in (token, choice) order
+    y = np.matmul(weights[:, None, :], per_choice.reshape(N, k, -1))[:, 0]  # [N, d]
+    shared = shared_experts(x, m, cfg)
+    return y if shared is None else y + shared
 
 
 def router_probs(logits, cfg: Config):

@@ -9,6 +9,8 @@ from transformer_lab import (ActivationRecord, KVCache, forward, init_params, ll
                              moe_forward, moe_reference, pack_weights, route)
 from transformer_lab.acts import MOE_LAYER_FIELDS
 
+from moe_models import MOE_CASES, moe_model
+
 E = 8
 
 
@@ -74,28 +76,6 @@ def test_a_negative_bias_still_chooses_within_the_kept_groups():
     experts, weights = route_logits(DEEPSEEK_LOGITS, deepseek_cfg(), bias)
     assert experts == [[0, 4]]
     np.testing.assert_allclose(weights, [[1.5, 1.0]], rtol=1e-14)
-
-
-MOE_CASES = {
-    "mixtral": dict(),
-    "qwen2_moe": dict(norm_topk_prob=False, n_shared_experts=2, shared_expert_gate=True),
-    "deepseek_v3": dict(router="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5,
-                        n_shared_experts=1, first_dense_layers=1),
-    "capacity": dict(capacity_factor=0.75),  # some choices dropped
-}
-
-
-def moe_model(case, dtype=np.float64, seed=0):
-    cfg = llama_config(vocab=40, d_model=16, n_heads=4, n_kv_heads=2, n_layers=3, d_ff=32,
-                       max_seq=16, n_experts=E, experts_per_token=3, moe_d_ff=12, dtype=dtype,
-                       **MOE_CASES[case])
-    params = init_params(cfg, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    for p in params["blocks"][cfg.first_dense_layers:]:
-        p["moe"]["router"] *= 50.0  # routing far from uniform
-        if "e_score_correction_bias" in p["moe"]:
-            p["moe"]["e_score_correction_bias"][:] = rng.normal(0, 0.1, E)
-    return cfg, params
 
 
 @pytest.mark.parametrize("case", MOE_CASES)

@@ -9,15 +9,11 @@ from transformer_lab import (ActivationRecord, cross_entropy, forward, init_para
 from transformer_lab.moe import balance_loss
 from transformer_lab.training.moe_backward import moe_backward
 
+from moe_models import MOE_CASES
+
 E = 8
-ROUTINGS = {
-    "mixtral": dict(),
-    "qwen2_moe": dict(norm_topk_prob=False, n_shared_experts=2, shared_expert_gate=True),
-    "deepseek_v3": dict(router="sigmoid", n_group=4, topk_group=2, routed_scaling_factor=2.5,
-                        n_shared_experts=1, first_dense_layers=1),
-    "sigmoid_unnormed": dict(router="sigmoid", norm_topk_prob=False),
-    "capacity": dict(capacity_factor=0.75),  # dropped choices pass no gradient
-}
+ROUTINGS = {**MOE_CASES, "sigmoid_unnormed": dict(router="sigmoid", norm_topk_prob=False)}
+# (capacity: the dropped choices pass no gradient)
 
 
 def model(case, seed=0):
