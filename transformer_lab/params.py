@@ -225,8 +225,6 @@ def _describe(cfg):
             f"d_ff={cfg.d_ff}, vocab={cfg.vocab}, n_layers={cfg.n_layers}{experts}")
 
 
-
-
 # ---------------------------------------------------------------- packed products
 # A decode step multiplies one row by every matrix, so each product is a short call
 # whose fixed cost shows. Products that read the same input can share one call: Q, K
@@ -340,10 +338,8 @@ def _packed_groups(cfg: Config):
     return out
 
 
-def _pack_group(group, packed_name, keys, packed=None):
-    """group as a PackedGroup whose keys are views of `packed` (made from group if None)."""
-    if packed is None:  # [d, sum of outs]
-        packed = _in_packed_order(np.concatenate([group[key] for key in keys], axis=1))
+def _pack_group(group, packed_name, keys, packed):
+    """group as a PackedGroup whose keys are views of `packed` [d, sum of outs]."""
     items, start = dict(group), 0
     for key in keys:
         width = group[key].shape[1]
@@ -376,44 +372,43 @@ def pack_weights(params, cfg: Config):
     packed arrays, wo, w_down, the head (a tied head's tok_emb.T). A group that is packed
     already is left as it is. Returns params."""
     check_params(params, cfg)
-    for p in params["blocks"]:
-        for name, key in SINGLE_PRODUCTS:
-            if name in p and key in p[name]:
-                p[name][key] = _in_packed_order(p[name][key])
-        for name, packed_name, keys in _packed_groups(cfg):
-            if name not in p:  # a mixture-of-experts layer has no dense mlp to pack
-                continue
-            group = p[name]
-            if not (isinstance(group, PackedGroup) and group.product(packed_name) is not None):
-                p[name] = _pack_group(group, packed_name, keys)
-    if "w" in params["lm_head"]:
-        params["lm_head"]["w"] = _in_packed_order(params["lm_head"]["w"])
-    if cfg.tie_embeddings:  # the head reads tok_emb.T [d, vocab]; the lookup gathers a few rows
-        head = params["tok_emb"].T
-        stored = _in_packed_order(head)
-        if stored is not head:
-            params["tok_emb"] = stored.T
-    return params
+
+    def packed(group, keys):  # the group's columns side by side, [d, sum of outs]
+        return _in_packed_order(np.concatenate([group[key] for key in keys], axis=1))
+    return _pack_in_place(params, cfg, _in_packed_order, packed)
 
 
 def empty_packed_params(cfg: Config) -> dict:
     """Uninitialised params laid out as pack_weights leaves them, for a loader to fill in
     place (np.copyto into each leaf): the weights are never held twice."""
     params = map_params(lambda shape: np.empty(shape, dtype=cfg.dtype), param_shapes(cfg))
+
+    def packed(group, keys):
+        return _empty_packed((cfg.d_model, sum(group[key].shape[1] for key in keys)), cfg.dtype)
+    return _pack_in_place(params, cfg, lambda w: _empty_packed(w.shape, cfg.dtype), packed)
+
+
+def _pack_in_place(params, cfg: Config, stored, packed):
+    """The walk pack_weights and empty_packed_params share: stored(w) is w in packed_order
+    (a product's matrix read alone, the head), packed(group, keys) the [d, sum of outs]
+    array of a packed group's columns. Returns params, changed in place."""
     for p in params["blocks"]:
         for name, key in SINGLE_PRODUCTS:
             if name in p and key in p[name]:
-                p[name][key] = _empty_packed(p[name][key].shape, cfg.dtype)
+                p[name][key] = stored(p[name][key])
         for name, packed_name, keys in _packed_groups(cfg):
-            if name not in p:
+            if name not in p:  # a mixture-of-experts layer has no dense mlp to pack
                 continue
-            width = sum(p[name][key].shape[1] for key in keys)
-            p[name] = _pack_group(p[name], packed_name, keys,
-                                  _empty_packed((cfg.d_model, width), cfg.dtype))
+            group = p[name]
+            if not (isinstance(group, PackedGroup) and group.product(packed_name) is not None):
+                p[name] = _pack_group(group, packed_name, keys, packed(group, keys))
     if "w" in params["lm_head"]:
-        params["lm_head"]["w"] = _empty_packed(params["lm_head"]["w"].shape, cfg.dtype)
-    if cfg.tie_embeddings:
-        params["tok_emb"] = _empty_packed((cfg.d_model, cfg.vocab), cfg.dtype).T
+        params["lm_head"]["w"] = stored(params["lm_head"]["w"])
+    if cfg.tie_embeddings:  # the head reads tok_emb.T [d, vocab]; the lookup gathers a few rows
+        head = params["tok_emb"].T
+        head_stored = stored(head)
+        if head_stored is not head:
+            params["tok_emb"] = head_stored.T
     return params
 
 

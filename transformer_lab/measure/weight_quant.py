@@ -11,6 +11,7 @@ reports the bytes it would take.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 
@@ -83,16 +84,11 @@ def _tied_heads(x_absmean, heads, kv_heads):
     return np.broadcast_to(a.mean(axis=1, keepdims=True), a.shape).reshape(-1)
 
 
-class ScaleSearch(tuple):
+class ScaleSearch(NamedTuple):
     """awq_scales' answer: (scales [in], alpha, errors [grid]); .scales, .alpha, .errors."""
-    __slots__ = ()
-
-    def __new__(cls, scales, alpha, errors):
-        return super().__new__(cls, (scales, alpha, errors))
-
-    scales = property(lambda self: self[0])
-    alpha = property(lambda self: self[1])
-    errors = property(lambda self: self[2])
+    scales: np.ndarray
+    alpha: float
+    errors: list
 
 
 def awq_scales(w, x_absmean, bits, group_size=128, grid=20, x=None, symmetric=False):

@@ -205,7 +205,6 @@ class BPETokenizer:
         self._ranks = self._merge_ranks(merges)
         self.special_tokens = {tok: i for i, (tok, kind) in enumerate(zip(tokens, token_types))
                                if kind in SPECIAL_TYPES and tok}
-        # Longest first, so "<|im_start|>" wins over any special token that is its prefix.
         self._special_pattern = self._pattern_of(self.special_tokens)
         self._bytes = [self._spell(tok, kind) for tok, kind in zip(tokens, token_types)]
         self.missing_bytes = bytes(b for b in range(256)
@@ -296,8 +295,7 @@ class BPETokenizer:
 
     def token_bytes(self, token_id) -> bytes:
         """The bytes one token stands for; a streaming decoder joins these."""
-        token_id = self._check_id(token_id)
-        return self._bytes[token_id]
+        return self._bytes[self._check_id(token_id)]
 
     def _check_id(self, token_id) -> int:
         try:

@@ -178,22 +178,17 @@ def subset_construction(nfa) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                     todo.append(t)
         return frozenset(seen)
 
-    ids = {frozenset(): 0}
-    sets, rows = [frozenset()], []
-    start = closure([nfa.start])
-    ids[start] = 1
-    sets.append(start)
-    i = 0
-    while i < len(sets):  # each new set is stepped once per byte class
+    sets, rows = [frozenset(), closure([nfa.start])], []
+    ids = {states: i for i, states in enumerate(sets)}
+    for states in sets:  # each new set, appended below, is stepped once per byte class
         row = []
         for c in range(n_classes):
-            target = closure([t for s in sets[i] for t in moves[s].get(c, ())])
+            target = closure([t for s in states for t in moves[s].get(c, ())])
             if target not in ids:
                 ids[target] = len(sets)
                 sets.append(target)
             row.append(ids[target])
         rows.append(row)
-        i += 1
     accepting = np.array([nfa.accept in s for s in sets])
     return np.array(rows, dtype=np.int64), accepting, classes
 

@@ -219,17 +219,12 @@ def _members(members) -> str:
     """The members in order, separated by commas, the optional ones perhaps left out.
     after(i): members i.. when one was written before them (each one comma-led);
     first(i): members i.. when none was (the first one written has no comma)."""
-    n = len(members)
-    after = [""] * (n + 1)
-    for i in range(n - 1, -1, -1):
-        regex, required = members[i]
-        led = f"{WS},{WS}{regex}"
-        after[i] = (led if required else f"({led})?") + after[i + 1]
-    first = ""  # first(n): nothing is left to write
-    for i in range(n - 1, -1, -1):
-        regex, required = members[i]
-        here = regex + after[i + 1]
+    after = first = ""  # after(n), first(n): nothing is left to write
+    for regex, required in reversed(members):  # from after(i + 1), first(i + 1) to i's
+        here = regex + after
         first = here if required else f"({here}|{first})"
+        led = f"{WS},{WS}{regex}"
+        after = (led if required else f"({led})?") + after
     return first
 
 
