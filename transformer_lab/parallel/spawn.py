@@ -140,6 +140,9 @@ def spawn_ranks(n, argv, *, env=None, timeout=START_TIMEOUT_S):
     problem = missing_mpi()
     if problem:
         raise ImportError(problem)
+    # UCX (under MPICH) warns at exit about a dead worker's unfinished requests: noise
+    # after the one clear RankFailed line. Read when MPI first loads, so only then.
+    os.environ.setdefault("UCX_LOG_LEVEL", "error")
     from mpi4py import MPI
     port = MPI.Open_port()
     directory = tempfile.mkdtemp(prefix="transformer_lab-ranks-")
