@@ -137,12 +137,12 @@ def spawn_ranks(n, argv, *, env=None, timeout=START_TIMEOUT_S):
     """Start `python argv... PORT DIR PID` on ranks 1..n-1 under mpiexec and connect them
     to this process, rank 0: (MPIComm over the n ranks, Workers). The worker calls
     connect_to_parent(sys.argv[-3:]). ImportError when MPI is not installed."""
-    problem = missing_mpi()
-    if problem:
-        raise ImportError(problem)
     # UCX (under MPICH) warns at exit about a dead worker's unfinished requests: noise
     # after the one clear RankFailed line. Read when MPI first loads, so only then.
     os.environ.setdefault("UCX_LOG_LEVEL", "error")
+    problem = missing_mpi()
+    if problem:
+        raise ImportError(problem)
     from mpi4py import MPI
     port = MPI.Open_port()
     directory = tempfile.mkdtemp(prefix="transformer_lab-ranks-")
@@ -155,6 +155,19 @@ def spawn_ranks(n, argv, *, env=None, timeout=START_TIMEOUT_S):
                str(os.getpid())]
     process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL)
     workers = Workers(n, process, directory)
+    # Each worker leaves a ready file just before it connects; Accept starts only when all
+    # are there, so a worker that never starts never leaves an Accept waiting (one left
+    # waiting crashes MPI_Finalize at this process's exit).
+    deadline = time.monotonic() + timeout
+    while len(list(Path(directory).glob("*.ready"))) < n - 1:
+        if process.poll() is not None or time.monotonic() > deadline:
+            late = process.poll() is None
+            said = _read_errors(directory)
+            workers.kill()
+            said = said or (f"they did not start within {timeout:.0f} s" if late else
+                            f"mpiexec exited with status {process.poll()}")
+            raise RankFailed(f"the {n - 1} worker ranks did not start ({said})")
+        time.sleep(0.02)
     accepted = {}
 
     def accept():
@@ -162,15 +175,12 @@ def spawn_ranks(n, argv, *, env=None, timeout=START_TIMEOUT_S):
             accepted["inter"] = MPI.COMM_SELF.Accept(port)
     helper = threading.Thread(target=accept, daemon=True)
     helper.start()
-    deadline = time.monotonic() + timeout
     while helper.is_alive():
         helper.join(CHECK_EVERY_S)
         if process.poll() is not None or time.monotonic() > deadline:
             workers.kill()
-            said = _read_errors(directory) or (f"mpiexec exited with status {process.poll()}"
-                                               if time.monotonic() <= deadline else
-                                               f"they did not connect within {timeout:.0f} s")
-            raise RankFailed(f"the {n - 1} worker ranks did not start ({said})")
+            raise RankFailed(f"the {n - 1} worker ranks did not connect "
+                             f"({_read_errors(directory) or 'mpiexec ended'})")
     MPI.Close_port(port)
     if "inter" not in accepted:
         workers.kill()
@@ -202,6 +212,7 @@ def connect_to_parent(args):
     reads it, prints it, and ends the process at once (mpiexec then ends the others)."""
     from mpi4py import MPI
     port, directory, pid = args
+    (Path(directory) / f"rank{MPI.COMM_WORLD.Get_rank() + 1}.ready").touch()
     inter = MPI.COMM_WORLD.Connect(port)
     merged = inter.Merge(high=True)
     comm = MPIComm(Watched(merged, _rank0_alive(int(pid), directory)))
