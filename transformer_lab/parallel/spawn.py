@@ -9,7 +9,9 @@ process first). The result is an ordinary MPIComm on every rank.
 Why not MPI_Comm_spawn: from a process that mpiexec did not start (a singleton), MPICH's
 spawn needs mpiexec on PATH, and without it fails by an assertion and leaves the caller
 hanging. Started here, mpiexec is this process's child: its exit says a worker ended
-(mpiexec ends the others when one fails).
+(mpiexec ends the others when one fails). Each worker leaves a ready file in the run's
+directory before it connects, and rank 0 calls Accept (which cannot be interrupted) only
+once every worker has: workers that never start leave no Accept waiting.
 
 No wait hangs: every rank's blocking MPI calls wait by testing their non-blocking forms
 (Ibcast, Iallreduce, ...) in a loop that checks the other side every 0.1 s (rank 0:
