@@ -75,17 +75,17 @@ def print_moe(out, r):
                f"{c['experts_per_token']}, float32)")
     mib = 2 ** 20
     rows = [[row["B"], f"{row['experts_read']:.2f}", f"{row['expected']:.2f}",
-             f"{row['bytes_moe'] / mib:.1f}", f"{row['bytes_formula'] / mib:.1f}",
-             f"{row['bytes_dense'] / mib:.1f}", out.time(row["moe"]["median_s"]),
+             f"{row['bytes_moe'] / mib:.1f}", f"{row['bytes_dense'] / mib:.1f}", out.time(row["moe"]["median_s"]),
              out.time(row["dense"]["median_s"]),
              f"{row['moe']['median_s'] / row['dense']['median_s']:.2f}x"] for row in r["rows"]]
-    out.table(["B", "experts read", "E(1-(1-k/E)^B)", "MoE MiB", "formula MiB", "dense MiB",
-               "MoE step", "dense step", "MoE / dense"], rows,
+    out.table(["B", "read", "uniform", "MiB", "dense MiB", "MoE step",
+               "dense step", "MoE/dense"], rows,
               caption=f"d={c['d_model']}, {c['n_layers']} layers, experts of width "
                       f"{c['moe_d_ff']}, vocab {c['vocab']}; the dense twin's d_ff "
-                      f"{r['dense_d_ff']} gives a token the same FLOPs. Experts read: the mean "
-                      f"over 4 greedy decode steps and the layers, on random weights. MiB: the "
-                      f"weight matrices one step reads. Steps: medians of {r['repeats']} "
+                      f"{r['dense_d_ff']} gives a token the same FLOPs. Read: the distinct "
+                      f"experts a step read, the mean over 4 greedy decode steps and the layers, "
+                      f"on random weights; uniform: E(1-(1-k/E)^B). MiB: the weight matrices "
+                      f"one step reads (the uniform case's in the JSON). Steps: medians of {r['repeats']} "
                       f"repeats, the two models taking turns, packed weights.")
     last = r["rows"][-1]
     out.observations([f"At B = {last['B']} a decode step reads {last['experts_read']:.1f} of "
