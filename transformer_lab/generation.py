@@ -198,16 +198,14 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
                 logits = forward(params, cfg, nxt[:, None], cache=cache, check=False)[:, -1]
     else:
         # No cache: every step runs each sequence whole, rows of different lengths one by one.
+        rows = [slice(None)] if lengths is None else [slice(i, i + 1) for i in range(B)]
         seqs = [prompt] if lengths is None else [prompt[i:i + 1, :n] for i, n in enumerate(lengths)]
         for step in range(max_new_tokens):
             logits = np.concatenate([forward(params, cfg, s, logits_at=[-1], check=False)[:, 0]
                                      for s in seqs])
             nxt = sample_next(_finite(logits, step), **pick)
             yield nxt
-            if lengths is None:
-                seqs = [np.concatenate([seqs[0], nxt[:, None]], axis=1)]
-            else:
-                seqs = [np.concatenate([s, nxt[i:i + 1, None]], axis=1) for i, s in enumerate(seqs)]
+            seqs = [np.concatenate([s, nxt[r, None]], axis=1) for s, r in zip(seqs, rows)]
 
 
 def generate(params, cfg: Config, prompt, max_new_tokens, *, greedy=False, temperature=1.0,

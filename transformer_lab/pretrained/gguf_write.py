@@ -100,10 +100,8 @@ def storage_type(name, values, dtype: str, tensor_types=None) -> str:
 def encode(values, kind: str) -> np.ndarray:
     """float values [..., n] -> their bytes in GGUF type `kind`, uint8 [..., bytes of a row]."""
     values = np.ascontiguousarray(values, dtype=np.float32)  # a transposed view: copied
-    if kind == "F32":
-        return values.astype("<f4").view(np.uint8)
-    if kind == "F16":
-        return values.astype("<f2").view(np.uint8)
+    if kind in ("F32", "F16"):
+        return values.astype("<f4" if kind == "F32" else "<f2").view(np.uint8)
     if kind == "BF16":  # the top 16 bits, rounded to nearest even (values are finite)
         bits = values.view(np.uint32).astype(np.uint64)
         return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").view(np.uint8)

@@ -75,14 +75,8 @@ def bytes_to_unicode() -> dict[int, str]:
     """
     printable = set(range(ord("!"), ord("~") + 1)) | set(range(ord("¡"), ord("¬") + 1)) \
         | set(range(ord("®"), ord("ÿ") + 1))
-    mapping, shifted = {}, 0
-    for b in range(256):
-        if b in printable:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + shifted)
-            shifted += 1
-    return mapping
+    others = [b for b in range(256) if b not in printable]  # the n-th moves to chr(256 + n)
+    return {b: chr(b) if b in printable else chr(256 + others.index(b)) for b in range(256)}
 
 
 BYTE_TO_CHAR = bytes_to_unicode()

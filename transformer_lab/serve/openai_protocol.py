@@ -410,13 +410,9 @@ def usage(prompt_tokens, completion_tokens) -> dict:
 
 
 def _choice(req, text, finish_reason, token_ids=None, *, chunk=False):
-    if req.kind == "completion":
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    elif chunk:
-        choice = {"index": 0, "delta": text, "logprobs": None, "finish_reason": finish_reason}
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
+    key = "text" if req.kind == "completion" else "delta" if chunk else "message"
+    content = {"role": "assistant", "content": text} if key == "message" else text
+    choice = {"index": 0, key: content, "logprobs": None, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = list(token_ids)
     return choice

@@ -34,12 +34,9 @@ class TokenIndex:
             eos_ids = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
         self.eos_ids = np.array(sorted({int(t) for t in eos_ids}), dtype=np.int64)
         special = set(tokenizer.special_tokens.values()) | set(self.eos_ids.tolist())
-        ids, spelled = [], []
-        for i in range(self.vocab):
-            data = tokenizer.token_bytes(i)
-            if i not in special and data:  # an empty token would never move the DFA
-                ids.append(i)
-                spelled.append(data)
+        # An empty token would never move the DFA.
+        ids = [i for i in range(self.vocab) if i not in special and tokenizer.token_bytes(i)]
+        spelled = [tokenizer.token_bytes(i) for i in ids]
         lengths = np.array([len(b) for b in spelled])
         order = np.argsort(-lengths, kind="stable")  # longest first
         self.token_ids = np.array(ids, dtype=np.int64)[order]  # [T]

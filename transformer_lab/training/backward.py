@@ -87,7 +87,9 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
     check_number(loss_scale, "loss_and_grads: loss_scale", low=0, low_open=True)
     check_params(params, cfg)
     tokens = check_tokens(tokens, cfg)
-    targets = _check_train_targets(targets, tokens, cfg)
+    targets = check_targets(targets, tokens, cfg)
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise ValueError(f"targets must be integer ids, got dtype {targets.dtype}")
     supervised = int(np.count_nonzero(targets != IGNORE))
     if n_targets is None:
         if supervised == 0:
@@ -160,13 +162,6 @@ def _ready(ready, unit, tree, keys):
             top = f"{prefix}[{k}]" if prefix else k
             tree[k] = map_params(lambda n, _: kept[f"{top}.{n}" if n else top], sub, names=True) \
                 if isinstance(sub, (dict, list)) else kept[top]
-
-
-def _check_train_targets(targets, tokens, cfg: Config):
-    targets = check_targets(targets, tokens, cfg)
-    if not np.issubdtype(targets.dtype, np.integer):
-        raise ValueError(f"targets must be integer ids, got dtype {targets.dtype}")
-    return targets
 
 
 def accumulate_grads(params, cfg: Config, micro_batches, *, lora=None, checkpoint=False,

@@ -49,10 +49,7 @@ class LoRA:
     DEFAULT_TARGETS = ("wq", "wv")  # peft's default for Llama: q_proj, v_proj
 
     def __init__(self, adapters, cfg: Config, *, rank, alpha, targets):
-        self.adapters = adapters
-        self.cfg = cfg
-        self.rank = rank
-        self.alpha = alpha
+        self.adapters, self.cfg, self.rank, self.alpha = adapters, cfg, rank, alpha
         self.targets = tuple(targets)
         self.scale = alpha / rank  # as peft: lora_alpha / r (not alpha alone)
 
@@ -118,17 +115,14 @@ class LoRA:
         pack_weights') come back packed, so forward, generate and the engine run them as
         they are. Params of a model other than the adapters' config are a ValueError."""
         check_params(params, self.cfg)
-        packed = False
-        merged = dict(params)
-        merged["blocks"] = []
+        packed, merged = False, {**params, "blocks": []}
         for p, block in zip(params["blocks"], self.adapters["blocks"]):
             new_p = dict(p)
             for group, adapters in block.items():
                 packed = packed or isinstance(p[group], PackedGroup)
                 new_group = dict(p[group])  # plain: pack_weights below packs it afresh
                 for w, ab in adapters.items():
-                    delta = (ab["A"] * self.scale) @ ab["B"]  # [in, out]
-                    new_group[w] = p[group][w] + delta
+                    new_group[w] = p[group][w] + (ab["A"] * self.scale) @ ab["B"]  # [in, out]
                 new_p[group] = new_group
             merged["blocks"].append(new_p)
         return pack_weights(merged, self.cfg) if packed else merged
