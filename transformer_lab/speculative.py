@@ -329,8 +329,7 @@ class SpeculativeDecoder:
         st["accepted"] += a
         st["tested"] += a + (a < len(drafts))  # the first rejected draft was tested too
         self._draft_lengths.append(len(drafts))
-        alpha = st["accepted"] / st["tested"] if st["tested"] else None
-        st["acceptance_rate"] = alpha
+        st["acceptance_rate"] = alpha = st["accepted"] / st["tested"] if st["tested"] else None
         st["accepted_per_drafted"] = st["accepted"] / st["drafted"] if st["drafted"] else None
         st["tokens_per_pass"] = st["new_tokens"] / st["target_passes"]
         st["expected_tokens_per_pass"] = None if alpha is None else float(np.mean(

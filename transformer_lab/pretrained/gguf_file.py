@@ -49,19 +49,16 @@ class Metadata:
     element_kind: str | None = None
 
     def value(self):
-        return _python(self.kind, self.raw, self.element_kind)
-
-
-def _python(kind, raw, element_kind):
-    if kind == "STRING":
-        return raw.decode("utf-8")
-    if kind == "ARRAY":
-        if isinstance(raw, np.ndarray):
-            return raw.tolist()
-        if element_kind == "STRING":
-            return [item.decode("utf-8") for item in raw]
-        return [item.value() for item in raw]  # an array of arrays
-    return raw.item() if isinstance(raw, np.generic) else raw
+        raw = self.raw
+        if self.kind == "STRING":
+            return raw.decode("utf-8")
+        if self.kind == "ARRAY":
+            if isinstance(raw, np.ndarray):
+                return raw.tolist()
+            if self.element_kind == "STRING":
+                return [item.decode("utf-8") for item in raw]
+            return [item.value() for item in raw]  # an array of arrays
+        return raw.item() if isinstance(raw, np.generic) else raw
 
 
 @dataclass(frozen=True)

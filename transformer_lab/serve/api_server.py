@@ -132,7 +132,8 @@ class ApiServer:
         """Bind (OSError if the address is taken) and serve in background threads."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         server_class = type("_Server", (_HTTPServer,), {"address_family": family})
-        self.httpd = server_class((self.host, self.port), _make_handler(self))
+        handler_class = type("Handler", (_Handler,), {"server_api": self})
+        self.httpd = server_class((self.host, self.port), handler_class)
         self.httpd.api = self
         self.port = self.httpd.server_address[1]
         self.engine = EngineLoop(self.llm, max_waiting=self.max_waiting, batching=self.batching,
@@ -153,34 +154,25 @@ class ApiServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:  # handlers finishing their last writes
             with self._connections_lock:
-                busy = [c for c, active in self._connections_items() if active]
+                busy = any(handler.active for handler in self._connections)
             if not busy:
                 break
             time.sleep(0.02)
         with self._connections_lock:
-            for connection, _ in self._connections_items():
+            for handler in self._connections:
                 try:  # idle keep-alive connections: wake their threads
-                    connection.shutdown(socket.SHUT_RDWR)
+                    handler.connection.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
         self.httpd.server_close()
         self._serve_thread.join(timeout)
         self.httpd = None
 
-    def _connections_items(self):
-        return [(handler.connection, handler.active) for handler in self._connections]
-
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def _make_handler(api: ApiServer):
-    class Handler(_Handler):
-        server_api = api
-    return Handler
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -269,9 +261,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self):
         method = self.command
         self.active = True
-        path = self.path.split("?", 1)[0]
-        if len(path) > 1:
-            path = path.rstrip("/")
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"  # /v1/models/ is /v1/models
         try:
             if path.startswith("/v1/models/") and method == "GET":  # GET /v1/models/{model}
                 self._check_key()

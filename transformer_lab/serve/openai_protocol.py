@@ -125,7 +125,10 @@ def _unsupported(body, name, allowed, what):
                           param=name, code="unsupported_parameter")
 
 
-def _check_model(body, model: ModelInfo):
+def _check_body(body, model: ModelInfo):
+    """A JSON object, and the served model if it names one."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
     name = body.get("model")
     if name is None:
         return
@@ -328,15 +331,9 @@ def _check_ids(ids, model: ModelInfo, param):
     return list(ids)
 
 
-def _require_object(body):
-    if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
-
-
 def parse_completion(body, model: ModelInfo) -> GenerationRequest:
     """A POST /v1/completions body, checked."""
-    _require_object(body)
-    _check_model(body, model)
+    _check_body(body, model)
     if "prompt" not in body:
         raise bad_request("'prompt' is required", param="prompt", code="missing_required_parameter")
     prompt = body["prompt"]
@@ -359,8 +356,7 @@ def parse_completion(body, model: ModelInfo) -> GenerationRequest:
 
 def parse_chat(body, model: ModelInfo) -> GenerationRequest:
     """A POST /v1/chat/completions body, checked; the messages through the chat template."""
-    _require_object(body)
-    _check_model(body, model)
+    _check_body(body, model)
     messages = body.get("messages")
     if messages is None:
         raise bad_request("'messages' is required", param="messages",

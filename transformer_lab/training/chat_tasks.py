@@ -219,8 +219,6 @@ RETENTION = (
     ("What is the largest ocean on Earth?", "Pacific"),
     ("What is the opposite of hot?", "cold"),
 )
-
-
 RETENTION_TOKENS = 24  # enough for the answer's word; the rest of a reply is not scored
 
 
