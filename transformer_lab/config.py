@@ -203,10 +203,9 @@ class Config:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))
-        object.__setattr__(self, "routed_scaling_factor", check_number(
-            self.routed_scaling_factor, "Config.routed_scaling_factor", low=0, low_open=True))
-        object.__setattr__(self, "balance_loss_coef", check_number(
-            self.balance_loss_coef, "Config.balance_loss_coef", low=0))
+        for name, low_open in (("routed_scaling_factor", True), ("balance_loss_coef", False)):
+            object.__setattr__(self, name, check_number(getattr(self, name), f"Config.{name}",
+                                                        low=0, low_open=low_open))
         if self.capacity_factor is not None:
             object.__setattr__(self, "capacity_factor", check_number(
                 self.capacity_factor, "Config.capacity_factor", low=0, low_open=True))

@@ -114,10 +114,8 @@ def invariant_block_rows(weights, candidates=(32, 16, 8, 4, 2, 1), *, seed=0):
     depend on its values, so two rows find a difference. One row (a GEMV) always qualifies.
     Measured under the BLAS thread count in force: call it where the products will run."""
     rng = np.random.default_rng(seed)
-    for rows in candidates:
-        if rows == 1:
-            return 1
-        if all(_same_at_every_row(rng, w, rows) for w in weights):
+    for rows in candidates:  # one row, a GEMV, needs no check
+        if rows == 1 or all(_same_at_every_row(rng, w, rows) for w in weights):
             return rows
     return 1
 

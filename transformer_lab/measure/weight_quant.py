@@ -151,11 +151,6 @@ def _parse_kind(kind):
     return ("awq" if match[1] else "rtn"), bits, int(match[3])
 
 
-def _gguf_round_trip(w, kind):
-    """An [in, out] weight through `kind` as GGUF stores it ([out, in] rows), back in [in, out]."""
-    return dequantize_transposed(quantize(w.T, kind), kind, np.empty(w.shape, np.float32))
-
-
 def _linear_names(cfg):
     """(group, key) of each block matrix, in the order a layer reads them."""
     names = [("attn", "wq"), ("attn", "wk"), ("attn", "wv"), ("attn", "wo")]
@@ -254,8 +249,9 @@ def quantize_model(params, cfg, kind, calibration=None):
                 table = w if w.shape[0] == cfg.vocab else w.T
                 back = dequantize(quantize(table, TABLE_KIND), TABLE_KIND, table.shape)
                 return back if table is w else back.T
-            if what == "gguf":
-                return _gguf_round_trip(w, kind)
+            if what == "gguf":  # through `kind` as GGUF stores it ([out, in] rows), back [in, out]
+                return dequantize_transposed(quantize(w.T, kind), kind,
+                                             np.empty(w.shape, np.float32))
             return fake_quant(w, bits, group_size)
     for i, g, k in sorted(linears):  # the first bad shape, said once, before any work
         w = params["blocks"][i][g][k]
@@ -264,8 +260,7 @@ def quantize_model(params, cfg, kind, calibration=None):
         elif what == "gguf" and w.shape[0] % BLOCK:
             raise ValueError(f"quantize_model: blocks[{i}].{g}.{k}'s input dimension "
                              f"{w.shape[0]} is not a multiple of {BLOCK} (GGUF's block)")
-    alphas = None
-    source = params
+    alphas, source = None, params
     if what == "awq":
         blocks, alphas = _awq_fold(params, cfg, calibration, bits, group_size)
         source = {**params, "blocks": blocks}

@@ -318,8 +318,7 @@ class BPETokenizer:
         surrogates = SURROGATES.findall(text)
         if surrogates:
             text = SURROGATES.sub("\ufffd", text)
-        ids, lossy = [], []
-        start = 0
+        ids, lossy, start = [], [], 0
         if pattern is not None:
             for match in pattern.finditer(text):
                 self._encode_ordinary(text[start:match.start()], ids, lossy)

@@ -47,8 +47,7 @@ def compile_regex(pattern) -> DFA:
     """The minimal DFA over bytes of the strings `pattern` fully matches."""
     if not isinstance(pattern, str):
         raise ValueError(f"regex: the pattern must be a str, got {type(pattern).__name__}")
-    tree = parse(pattern)
-    return minimal_dfa(nfa_from_tree(tree), pattern)
+    return minimal_dfa(nfa_from_tree(parse(pattern)), pattern)
 
 
 def chars(*ranges):
@@ -228,8 +227,7 @@ class Parser:
                 ranges.append((lo[0][0], hi[0][0]))
             else:
                 ranges.extend(lo)
-        ranges = complement(ranges) if negated else merge_ranges(ranges)
-        return ("chars", ranges)
+        return ("chars", complement(ranges) if negated else merge_ranges(ranges))
 
     def class_item(self):
         """The code point ranges of one class member: a character or an escape."""
