@@ -170,9 +170,7 @@ class BPETokenizer:
         for i, tok in enumerate(tokens):
             if not isinstance(tok, str):
                 raise ValueError(f"tokenizer: token {i} is {type(tok).__name__}, not a string")
-        if token_types is None:
-            token_types = [NORMAL] * len(tokens)
-        token_types = list(token_types)
+        token_types = [NORMAL] * len(tokens) if token_types is None else list(token_types)
         if len(token_types) != len(tokens):
             raise ValueError(f"tokenizer: {len(token_types)} token types for {len(tokens)} tokens")
         if pre not in PRE_TOKENIZERS:
@@ -182,9 +180,7 @@ class BPETokenizer:
             if value is not None and not (isinstance(value, int) and 0 <= value < len(tokens)):
                 raise ValueError(f"tokenizer: {name}={value!r} is not a token id in [0, {len(tokens)})")
 
-        self.tokens = tokens
-        self.token_types = token_types
-        self.pre = pre
+        self.tokens, self.token_types, self.pre = tokens, token_types, pre
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id  # pad_id: kept for GGUF files
         self._split_words = PRE_TOKENIZERS[pre]
         self._ids = {}

@@ -247,9 +247,7 @@ class _Handler(BaseHTTPRequestHandler):
         after its request, so a readable socket with no bytes is one that went away)."""
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
-            if not readable:
-                return False
-            return self.connection.recv(1, socket.MSG_PEEK) == b""
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
         except (OSError, ValueError):
             return True
 

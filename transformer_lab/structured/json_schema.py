@@ -197,9 +197,8 @@ class Converter:
             raise ValueError(f"schema at {where}: required property {missing[0]!r} is not "
                              f"in properties")
         if not properties:
-            if extra is False:
-                return rf"\{{{WS}\}}"
-            value = self.convert(extra, f"{where}/additionalProperties", depth)
+            value = None if extra is False else self.convert(
+                extra, f"{where}/additionalProperties", depth)
             return _object_of(value) if value is not None else rf"\{{{WS}\}}"
         if isinstance(extra, dict) and extra:
             raise ValueError(f"schema at {where}: additionalProperties as a schema beside "

@@ -456,8 +456,7 @@ def lm_head_backward(dlogits, x, params, cfg: Config):
     w = params["tok_emb"].T if cfg.tie_embeddings else head["w"]  # [d, V]
     dl2 = dlogits.reshape(-1, dlogits.shape[-1])  # [N, V]
     x2 = x.reshape(-1, x.shape[-1])  # [N, d]
-    grads = {}
-    dtok = None
+    grads, dtok = {}, None
     if cfg.tie_embeddings:
         dtok = product(dl2.T, x2)  # [V, d], the table's own layout
     else:

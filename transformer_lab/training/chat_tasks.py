@@ -350,9 +350,7 @@ class ChatTask:
             raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
         seed = int(rng.integers(0, 2 ** 63))
         rows = [encode_example(tokenizer, ex) for ex in self.examples("train", batch_size, seed)]
-        if pad_id is None:
-            pad_id = tokenizer.token_to_id(END_OF_TURN)
-        return pad_rows(rows, pad_id)
+        return pad_rows(rows, tokenizer.token_to_id(END_OF_TURN) if pad_id is None else pad_id)
 
     def score(self, reply: str, example: ChatExample) -> dict:
         return self._score(reply, example.fields)
