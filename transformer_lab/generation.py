@@ -170,10 +170,9 @@ def generate_stream(params, cfg: Config, prompt, max_new_tokens, *, greedy=False
     prompt, lengths = _prompts(prompt, cfg)
     B, T = prompt.shape
     check_int(max_new_tokens, "max_new_tokens", low=0)
-    longest = T if lengths is None else int(lengths.max())
-    if longest + max_new_tokens > cfg.max_seq:
+    if T + max_new_tokens > cfg.max_seq:  # T: the longest prompt, the others padded to it
         raise ValueError(
-            f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={cfg.max_seq}")
+            f"prompt ({T}) + max_new_tokens ({max_new_tokens}) exceeds max_seq={cfg.max_seq}")
     _check_sampling(greedy, temperature, top_k, cfg.vocab, seed, top_p, min_p)
     # The params are checked once here, not by every forward below: a step changes
     # only the cache and the tokens, which forward still checks.

@@ -262,11 +262,9 @@ def _dequantize(tensor, want_shape, dtype, path, out=None):
             else:
                 rows = rows if direct else np.empty(stored_shape, dtype=np.float32)
                 quants.dequantize_into(tensor.data, kind, rows)
-            values = rows.T if transpose else rows  # [in, out], or the table's [vocab, d]
         else:
-            values = dequantize(tensor.data, tensor.tensor_type).reshape(stored_shape)  # float32 [out, in]
-            if transpose:
-                values = values.T  # [in, out]
+            rows = dequantize(tensor.data, tensor.tensor_type).reshape(stored_shape)  # float32 [out, in]
+    values = rows.T if transpose else rows  # [in, out], or the table's [vocab, d]
     if not np.isfinite(values).all():
         raise ValueError(f"{path}: tensor {tensor.name} holds NaN or infinite values (corrupt file?)")
     if direct:

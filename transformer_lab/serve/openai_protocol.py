@@ -30,7 +30,7 @@ import math
 import time
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..validate import is_int
 from .sampling_params import SamplingParams
@@ -84,7 +84,7 @@ class GenerationRequest:
     include_usage: bool = False
     return_token_ids: bool = False
     prompt_text: str | None = None
-    id: str = field(default="")
+    id: str = ""
     created: int = 0
 
     def __post_init__(self):
