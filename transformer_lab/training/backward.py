@@ -149,19 +149,16 @@ def loss_and_grads(params, cfg: Config, tokens, targets, *, cache=None, loss_sca
 def _ready(ready, unit, tree, keys):
     """Hand the unit's finished grads (tree[key] for the keys present) to on_grads_ready by
     their params names; put back what it returns in their place."""
-    prefix = "blocks" if isinstance(tree, list) else ""
-    parts = {k: tree[k] for k in keys if (isinstance(tree, list) or k in tree)}
-    named = {}
-    for k, sub in parts.items():
-        top = f"{prefix}[{k}]" if prefix else k
-        named.update({f"{top}.{n}" if n else top: a for n, a in named_params(sub)} if
-                     isinstance(sub, (dict, list)) else {top: sub})
+    listed = isinstance(tree, list)  # grads["blocks"]: the keys are layer indices
+    tops = {k: f"blocks[{k}]" if listed else k for k in keys if listed or k in tree}
+
+    def name(top, n):  # named_params names a bare array "", a tree's leaves "attn.wq", ...
+        return f"{top}.{n}" if n else top
+    named = {name(top, n): a for k, top in tops.items() for n, a in named_params(tree[k])}
     kept = ready(unit, named)
     if kept is not None:
-        for k, sub in parts.items():
-            top = f"{prefix}[{k}]" if prefix else k
-            tree[k] = map_params(lambda n, _: kept[f"{top}.{n}" if n else top], sub, names=True) \
-                if isinstance(sub, (dict, list)) else kept[top]
+        for k, top in tops.items():
+            tree[k] = map_params(lambda n, _: kept[name(top, n)], tree[k], names=True)
 
 
 def accumulate_grads(params, cfg: Config, micro_batches, *, lora=None, checkpoint=False,
