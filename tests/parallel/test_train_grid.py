@@ -9,12 +9,11 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from mpi import mpi_run, needs_mpi
 from paths import ROOT
-from transformer_lab import named_params
+from train_runs import assert_exits_2_with_one_line, assert_same_run
 from transformer_lab.cli import train
 from transformer_lab.parallel import launch
 from transformer_lab.pretrained.model_file import load_checkpoint
@@ -22,7 +21,6 @@ from transformer_lab.pretrained.model_file import load_checkpoint
 # A tiny run: 16 rows, so two replicas of a 2-stage pipeline get 8 micro-batches of 1 row.
 ARGS = ["--task", "addition", "--steps", "3", "--batch", "16", "--d-model", "16", "--layers",
         "2", "--heads", "2", "--samples", "0", "--save-every", "0", "--seed", "1"]
-PROG = "python -m transformer_lab.train: error: "
 
 
 @pytest.mark.parametrize("argv, env, needle", [
@@ -52,14 +50,7 @@ PROG = "python -m transformer_lab.train: error: "
     (["--micro-batches", "40"], {}, "--micro-batches (40) must not exceed --batch (32)"),
 ])
 def test_bad_options_exit_2_with_one_line(argv, env, needle, capsys, monkeypatch):
-    monkeypatch.setattr(launch, "missing_mpi", lambda: None)  # as if MPI were installed
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(SystemExit) as info:
-        train.main(argv)
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(PROG) and needle in err, err
+    assert_exits_2_with_one_line(argv, env, needle, capsys, monkeypatch)
 
 
 def test_without_mpi_tp_and_pp_say_what_to_install(capsys, monkeypatch):
@@ -80,26 +71,6 @@ def one_process(tmp_path_factory):
     return load_checkpoint(out / "checkpoint.npz")
 
 
-def assert_same_run(path, want):
-    """Every array, AdamW's moments included, within 1e-5 norm-wise and 1e-3 in every
-    element (float32 over other rank counts: not bit for bit); the history within 1e-4."""
-    _, params, extra = load_checkpoint(path)
-    _, want_params, want_extra = want
-    pairs = [(f"params {k}", a, b) for (k, a), (_, b) in
-             zip(named_params(params), named_params(want_params))]
-    for moment in ("m", "v"):
-        pairs += [(f"{moment} {k}", a, want_extra["optimizer"][moment][k])
-                  for k, a in extra["optimizer"][moment].items()]
-    assert len(pairs) == 3 * len(list(named_params(want_params)))
-    for name, a, b in pairs:
-        assert a.shape == b.shape and a.dtype == b.dtype == np.float32, name
-        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b), name
-        assert np.abs(a - b).max() <= 1e-3, name
-    assert extra["step"] == want_extra["step"] and extra["rng"] == want_extra["rng"]
-    assert extra["optimizer"]["step_count"] == want_extra["optimizer"]["step_count"]
-    for key in ("loss", "grad_norm"):
-        got = [row[key] for row in extra["history"]]
-        np.testing.assert_allclose(got, [row[key] for row in want_extra["history"]], rtol=1e-4)
 
 
 def test_micro_batches_from_scratch_equal_the_whole_batch(one_process, tmp_path):
