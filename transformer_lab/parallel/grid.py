@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from ..config import Config
-from ..model import check_targets, check_tokens, norm
+from ..model import norm
 from ..ops import IGNORE
 from ..params import map_params, named_params, param_shapes
 from ..positions import rope_at
@@ -44,7 +44,7 @@ from ..training.backward import norm_backward
 from ..training.optim import AdamW
 from ..validate import check_int
 from .data import shard_rows
-from .pipeline import KINDS, pipeline_schedule, pp_shard, stage_layers
+from .pipeline import KINDS, micro_batch_rows, pipeline_schedule, pp_shard, stage_layers
 from .tensor import (_embed, _embed_backward, _head, _local_logits, _plan,
                      _sum_shared_kv_grads, parallel_cross_entropy, tp_block, tp_block_backward,
                      tp_slices)
@@ -132,19 +132,9 @@ def grid_loss_and_grads(shard, cfg: Config, tokens, targets, grid, micro_batches
     loss is a mean over (Grid gives the global batch's); by default this batch's."""
     tp, pp, s, p = grid.tp_comm, grid.pp_comm, grid.stage, grid.pp
     first, last = s == 0, s == p - 1
-    tokens = check_tokens(tokens, cfg)
-    targets = check_targets(targets, tokens, cfg)
-    m = check_int(micro_batches, "grid: micro_batches", low=1)
-    if m > tokens.shape[0]:
-        raise ValueError(f"grid: {m} micro-batches are more than the batch's "
-                         f"{tokens.shape[0]} rows")
-    if n_targets is None:
-        n_targets = int(np.count_nonzero(targets != IGNORE))
-    if n_targets == 0:
-        raise ValueError(f"every target is {IGNORE} (ignored): there is no position to "
-                         f"average the loss over")
+    tokens, targets, rows, n_targets = micro_batch_rows(tokens, targets, cfg, micro_batches,
+                                                        "grid", n_targets)
     plan = _plan(cfg, grid.tp_rank, grid.tp)
-    rows = np.array_split(np.arange(tokens.shape[0]), m)  # each micro-batch's rows
     T = tokens.shape[1]
     rope = rope_at(np.arange(T), cfg.rope_dim, cfg.rope_base, cfg.dtype) \
         if cfg.pos == "rope" else None
@@ -178,7 +168,7 @@ def grid_loss_and_grads(shard, cfg: Config, tokens, targets, grid, micro_batches
             sent.append(pp.isend(dx, s - 1))
         return g
 
-    for event, i in pipeline_schedule(p, m, kind)[s]:
+    for event, i in pipeline_schedule(p, len(rows), kind)[s]:
         if event == "F":
             loss += forward(i)
         else:  # each micro-batch's grads are its share of the mean: they add up

@@ -170,6 +170,24 @@ def pp_shard(params, cfg, rank, size):
     return shard
 
 
+def micro_batch_rows(tokens, targets, cfg, micro_batches, who, n_targets=None):
+    """The checked batch and its micro-batches: (tokens, targets, each micro-batch's rows,
+    n_targets), n_targets being the count the loss is a mean over (by default this
+    batch's supervised positions)."""
+    tokens = check_tokens(tokens, cfg)
+    targets = check_targets(targets, tokens, cfg)
+    m = check_int(micro_batches, f"{who}: micro_batches", low=1)
+    if m > tokens.shape[0]:
+        raise ValueError(f"{who}: {m} micro-batches are more than the batch's "
+                         f"{tokens.shape[0]} rows")
+    if n_targets is None:
+        n_targets = int(np.count_nonzero(targets != IGNORE))
+    if n_targets == 0:
+        raise ValueError(f"every target is {IGNORE} (ignored): there is no position to "
+                         f"average the loss over")
+    return tokens, targets, np.array_split(np.arange(tokens.shape[0]), m), n_targets
+
+
 def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, kind="1f1b",
                             held_stats=None):
     """(loss, grads) of the whole batch, grads in this stage's layout (pp_shard), equal to
@@ -180,18 +198,9 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
     back. Every stage returns the loss. held_stats, a dict, gets "peak": the most
     micro-batches whose activations this stage held at once, measured."""
     s, p = comm.rank, comm.size
-    tokens = check_tokens(tokens, cfg)
-    targets = check_targets(targets, tokens, cfg)
-    m = check_int(micro_batches, "pipeline: micro_batches", low=1)
-    if m > tokens.shape[0]:
-        raise ValueError(f"pipeline: {m} micro-batches are more than the batch's "
-                         f"{tokens.shape[0]} rows")
+    tokens, targets, rows, n_targets = micro_batch_rows(tokens, targets, cfg, micro_batches,
+                                                        "pipeline")
     a, _ = stage_layers(cfg.n_layers, p)[s]
-    n_targets = int(np.count_nonzero(targets != IGNORE))
-    if n_targets == 0:
-        raise ValueError(f"every target is {IGNORE} (ignored): there is no position to "
-                         f"average the loss over")
-    rows = np.array_split(np.arange(tokens.shape[0]), m)  # each micro-batch's rows
     T = tokens.shape[1]
     rope = rope_angles(np.arange(T), cfg.rope_dim, cfg.rope_base) if cfg.pos == "rope" else None
     blocks = list(enumerate(shard["blocks"], start=a))  # (layer, its params)
@@ -199,7 +208,7 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
 
     def forward(i):
         x = embed(shard, cfg, tokens[rows[i]]) if s == 0 else comm.recv(s - 1)  # [b, T, d]
-        acts, x_in = ActivationRecord(), x
+        acts = ActivationRecord()
         for layer, bp in blocks:
             x = block(x, bp, cfg, rope=rope, layer=layer, acts=acts)
         if s < p - 1:
@@ -227,7 +236,7 @@ def pipeline_loss_and_grads(shard, cfg, tokens, targets, comm, micro_batches, ki
         return g
 
     peak = 0
-    for event, i in pipeline_schedule(p, m, kind)[s]:
+    for event, i in pipeline_schedule(p, len(rows), kind)[s]:
         if event == "F":
             loss += forward(i)
             peak = max(peak, len(held))
