@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "demos"))
 
+import _common  # noqa: E402, F401  (first: it names a missing runtime in one line)
 import _figures  # noqa: E402
 import console  # noqa: E402
 from _common import (LANGS, UsageError, add_lang_option, check_outputs,  # noqa: E402

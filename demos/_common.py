@@ -19,6 +19,14 @@ DEMOS_DIR = Path(__file__).resolve().parent
 ROOT = DEMOS_DIR.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
+try:  # the runtime: an interpreter without it gets one line, not a traceback
+    import numpy  # noqa: F401
+    import rich  # noqa: F401
+except ImportError as missing:
+    sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {missing.name} is not installed for "
+                     f"{sys.executable}; activate the quick start's venv (. .venv/bin/activate) "
+                     'or install: pip install -e ".[test,real,plots,parallel]"\n')
+    raise SystemExit(2) from None
 
 import _figures  # noqa: E402  (imports matplotlib only when figures are asked for)
 import console  # noqa: E402

@@ -222,6 +222,17 @@ def test_pause_is_ignored_without_a_terminal():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.parametrize("module", ["rich", "numpy"])
+def test_a_missing_runtime_is_one_line_not_a_traceback(module):
+    hide = (f"import sys, runpy; sys.modules[{module!r}] = None; sys.argv = ['run_all.py', "
+            "'--quick']; runpy.run_path('run_all.py', run_name='__main__')")
+    out = run("-c", hide)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"run_all.py: error: {module} is not installed for ")
+    assert 'pip install -e ".[test,real,plots,parallel]"' in out.stderr
+
+
 def test_readme_quick_start_runs_run_all_quick_and_names_the_full_run():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     start = readme.index("## Quick start")

@@ -91,8 +91,6 @@ def one_process(tmp_path_factory):
     return load_checkpoint(out / "checkpoint.npz")
 
 
-
-
 @pytest.mark.parametrize("n", [2, 4])
 def test_every_zero_stage_equals_one_process(n, one_process, tmp_path):
     out = mpi_run(n, ["tests/parallel/mpi_train_runs.py", "runs", str(tmp_path), "0,1,2,3",

@@ -71,8 +71,6 @@ def one_process(tmp_path_factory):
     return load_checkpoint(out / "checkpoint.npz")
 
 
-
-
 def test_micro_batches_from_scratch_equal_the_whole_batch(one_process, tmp_path):
     assert train.main([*ARGS, "--micro-batches", "4", "--out", str(tmp_path)]) == 0
     assert_same_run(tmp_path / "checkpoint.npz", one_process)
